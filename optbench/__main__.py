@@ -1,0 +1,251 @@
+"""Command line: `python -m optbench run | list | report`.
+
+Usage errors (unknown optimizer, bad numbers, missing files or columns) print one line on stderr and
+exit with 2; nothing here prints a traceback for bad input. torch and friends are imported only by the
+commands that need them, so `list` and `report` start fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from pathlib import Path
+from typing import NoReturn
+
+from optbench import optimizers
+from optbench.plan import PRESETS, build_grid
+
+EXIT_USAGE = 2
+
+
+class UsageError(Exception):
+    """Bad input from the user: reported as one line, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line instead of argparse's usage block
+        raise UsageError(message)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got '{text}'") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got '{text}'") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive finite number, got {text}")
+    return value
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got '{text}'") from None
+
+
+def _name_list(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="optbench", description="Which optimizer fits my memory budget, at what cost?")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    run = commands.add_parser("run", help="run the fine-tuning job once per optimizer x seed")
+    run.add_argument("--preset", choices=sorted(PRESETS), default="default",
+                     help="job size (smoke: seconds per optimizer; default: ~1.5 min per optimizer on CPU)")
+    run.add_argument("--optimizers", type=_name_list, default=list(optimizers.DEFAULT_OPTIMIZERS),
+                     help="comma-separated registry names or HF Trainer aliases (see `optbench list`)")
+    run.add_argument("--workload", help="minilm (pretrained, default) or tiny (random init, for tests)")
+    run.add_argument("--model", help="HF model id or local folder, instead of the workload's model")
+    run.add_argument("--dataset", help="HF dataset name[:config] or a local .csv/.json/.jsonl/.parquet")
+    run.add_argument("--text-column", default="text")
+    run.add_argument("--label-column", default="label")
+    run.add_argument("--steps", type=_positive_int)
+    run.add_argument("--warmup-steps", type=int, help="steps kept out of the timing medians (and lr warm-up)")
+    run.add_argument("--batch-size", type=_positive_int)
+    run.add_argument("--seq-len", type=_positive_int)
+    run.add_argument("--eval-size", type=_positive_int)
+    run.add_argument("--lr", type=_positive_float, help="one lr for all (default: each optimizer's own)")
+    run.add_argument("--seeds", type=_int_list, help="comma-separated seeds, e.g. 0,1,2")
+    run.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    run.add_argument("--timeout", type=_positive_float, help="seconds per trial before it is killed")
+    run.add_argument("--out", type=Path, help="results file (default: results/<preset>.jsonl); resumed if present")
+
+    commands.add_parser("list", help="registered optimizers: availability, precision, state bytes/param")
+
+    report = commands.add_parser("report", help="tabulate results files (default: results/*.jsonl)")
+    report.add_argument("files", nargs="*", type=Path)
+    report.add_argument("--out-dir", type=Path, default=Path("results"),
+                        help="where report.md and summary.csv go (default: results/)")
+    return parser
+
+
+def _run(args: argparse.Namespace) -> int:
+    from optbench.results import Record
+    from optbench.runner import run_sweep
+
+    preset = PRESETS[args.preset]
+    specs_optimizers = []
+    for name in args.optimizers:
+        try:
+            specs_optimizers.append(optimizers.resolve(name).name)
+        except optimizers.UnknownOptimizerError as exc:
+            raise UsageError(str(exc)) from None
+    if not specs_optimizers:
+        raise UsageError("--optimizers is empty")
+    steps = args.steps or preset.steps
+    warmup = args.warmup_steps if args.warmup_steps is not None else min(preset.warmup_steps, steps // 2)
+    if not 0 <= warmup < steps:
+        raise UsageError(f"--warmup-steps must be in [0, steps), got {warmup} with {steps} steps")
+    workload = args.workload or ("custom" if args.model else preset.workload)
+    settings = dict(
+        workload=workload, model=args.model, dataset=args.dataset, text_column=args.text_column,
+        label_column=args.label_column, device=args.device, steps=steps, warmup_steps=warmup,
+        batch_size=args.batch_size or preset.batch_size, seq_len=args.seq_len or preset.seq_len,
+        eval_size=args.eval_size or preset.eval_size, lr=args.lr,
+        timeout_s=args.timeout or preset.timeout_s,
+    )
+    seeds = args.seeds if args.seeds else list(preset.seeds)
+    specs = build_grid(list(dict.fromkeys(specs_optimizers)), seeds, **settings)
+    _check_inputs(specs[0])
+    out = args.out or Path("results") / f"{args.preset}.jsonl"
+    if out.exists() and not out.is_file():
+        raise UsageError(f"--out {out} is not a file")
+
+    def show(record: Record) -> None:
+        print(_summary_line(record), flush=True)
+
+    runnable = []
+    for spec in specs:
+        reason = optimizers.resolve(spec.optimizer).unavailable_reason()
+        if reason is None:
+            runnable.append(spec)
+        else:
+            _record_unavailable(spec, reason, out, show)
+    print(f"optbench: {len(specs)} trials -> {out}", file=sys.stderr)
+    run_sweep(runnable, out, on_record=show)
+    _print_report([out], out_dir=None)
+    return 0
+
+
+def _check_inputs(spec) -> None:
+    """Load the dataset and the model config in this process first, so bad input fails in a second."""
+    from optbench.trial import resolve_device
+    from optbench.workloads import WORKLOADS, WorkloadError, check_model, load_splits, minilm_path
+
+    if spec.model is None and spec.workload not in WORKLOADS and not spec.workload.startswith("tiny-w"):
+        raise UsageError(f"unknown workload '{spec.workload}'; known: {', '.join(WORKLOADS)} "
+                         "(or pass --model)")
+    try:
+        resolve_device(spec.device)
+        load_splits(spec)
+        check_model(spec.model or (minilm_path() if spec.workload == "minilm" else "tiny"))
+    except (WorkloadError, ValueError, RuntimeError) as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _record_unavailable(spec, reason: str, out: Path, show) -> None:
+    from optbench.results import append_record
+    from optbench.trial import record_from_spec
+
+    record = record_from_spec(spec)
+    record.status, record.error = "skipped", f"unavailable here: {reason}"
+    append_record(out, record)
+    show(record)
+
+
+def _summary_line(record) -> str:
+    head = f"{record.optimizer:<12} seed={record.seed} {record.status:<8}"
+    if record.status != "ok":
+        return f"{head} {record.error or ''}"
+    mib = 2**20
+    memory = (f"peak CUDA {record.peak_cuda_allocated_bytes / mib:,.0f} MiB"
+              if record.peak_cuda_allocated_bytes is not None
+              else f"peak RSS {record.peak_rss_bytes / mib:,.0f} MiB (+{record.peak_rss_growth_bytes / mib:,.0f})")
+    return (f"{head} state {record.state_bytes / mib:,.1f} MiB ({record.state_bytes_per_param:.3f} B/param), "
+            f"{memory}, step {record.step_time_median_s * 1e3:,.0f} ms, acc {record.eval_accuracy:.3f}"
+            f" [{record.wall_s:.0f} s]")
+
+
+def _load_records(files: list[Path]):
+    from optbench.results import ResultsFileError, read_records
+
+    records = []
+    for path in files:
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                records.extend(read_records(path))
+            for warning in caught:
+                print(f"optbench: warning: {warning.message}", file=sys.stderr)
+        except (ResultsFileError, UnicodeDecodeError) as exc:
+            raise UsageError(str(exc)) from None
+    return records
+
+
+def _print_report(files: list[Path], out_dir: Path | None) -> None:
+    from optbench.report import render_markdown, summarize, trials_frame, write_report
+
+    records = _load_records(files)
+    if not records:
+        raise UsageError(f"no records in {', '.join(map(str, files))}")
+    if out_dir is None:
+        print(render_markdown(summarize(trials_frame(records))))
+        return
+    markdown, paths = write_report(records, out_dir)
+    print(markdown)
+    print("wrote " + ", ".join(map(str, paths)), file=sys.stderr)
+
+
+def _report(args: argparse.Namespace) -> int:
+    files = args.files or sorted(Path("results").glob("*.jsonl"))
+    if not files:
+        raise UsageError("no results files given and none in results/ (run `python -m optbench run` first)")
+    _print_report(files, args.out_dir)
+    return 0
+
+
+def _list(_: argparse.Namespace) -> int:
+    from tabulate import tabulate
+
+    rows = []
+    for spec in optimizers.REGISTRY.values():
+        reason = spec.unavailable_reason()
+        rows.append([spec.name, ", ".join(spec.aliases), spec.precision, f"{spec.nominal_bytes_per_param:.3f}",
+                     f"{spec.default_lr:g}", "yes" if reason is None else f"no: {reason}", spec.description])
+    print(tabulate(rows, headers=["optimizer", "aliases", "precision", "state B/param (large matrix)",
+                                  "default lr", "available", "what"], tablefmt="github"))
+    return 0
+
+
+COMMANDS = {"run": _run, "list": _list, "report": _report}
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        return COMMANDS[args.command](args)
+    except UsageError as exc:
+        print(f"optbench: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("optbench: interrupted; finished trials are saved, re-run the same command to resume",
+              file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,222 @@
+"""The optimizer registry: one table that the CLI, the trial, the tests and the benchmarks iterate over.
+
+Each entry knows how to build its optimizer, which library it needs, the learning rate it wants for
+fine-tuning, a short label for how it stores its state, and how many state bytes it *should* hold for a
+given set of parameter shapes. The analytic count is written to match the measured one byte for byte,
+so a mismatch in a record points at a real change in the library, not at rounding.
+
+Optional libraries are imported only inside factories and availability checks: importing this module
+never imports bitsandbytes (5 s) or torchao, and a missing library makes an entry unavailable with a
+reason instead of breaking the import.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+Shape = Sequence[int]
+FP32_BYTES = 4
+
+# bitsandbytes keeps 8-bit state only for tensors with at least this many elements (min_8bit_size).
+BNB_MIN_8BIT_NUMEL = 4096
+# Blockwise quantisation: one fp32 absmax per block of this many elements (bitsandbytes' CPU and CUDA default).
+BNB_BLOCK_SIZE = 256
+# Two 256-entry fp32 quantisation maps (one per moment), shared by every parameter of one optimizer.
+BNB_QMAP_BYTES = 2 * 256 * FP32_BYTES
+
+
+class UnknownOptimizerError(ValueError):
+    """Raised for a name that is neither registered nor an alias; the message lists the known names."""
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    name: str
+    factory: Callable[..., Any]
+    library: str
+    default_lr: float
+    precision: str
+    nominal_bytes_per_param: float  # for a large dense matrix; the exact figure comes from analytic_state_bytes
+    analytic_state_bytes: Callable[[list[Shape]], int]
+    aliases: tuple[str, ...] = ()
+    description: str = ""
+    default_kwargs: dict[str, Any] | None = None
+
+    def unavailable_reason(self) -> str | None:
+        """None when the entry can be built here, else why not (a missing library)."""
+        module = self.library.split(">")[0].strip().replace("-", "_")
+        if importlib.util.find_spec(module) is None:
+            return f"needs `pip install {self.library}`"
+        return None
+
+    @property
+    def available(self) -> bool:
+        return self.unavailable_reason() is None
+
+    def build(self, params: Iterable[Any], lr: float | None = None, **kwargs: Any) -> Any:
+        """Build the optimizer; lr defaults to the entry's fine-tuning learning rate."""
+        merged = {**(self.default_kwargs or {}), **kwargs}
+        return self.factory(params, lr=self.default_lr if lr is None else lr, **merged)
+
+
+def _numel(shape: Shape) -> int:
+    return math.prod(shape)
+
+
+def _adamw_state_bytes(shapes: list[Shape]) -> int:
+    # exp_avg + exp_avg_sq in fp32, plus torch's per-parameter fp32 `step` tensor.
+    return sum(2 * FP32_BYTES * _numel(s) + FP32_BYTES for s in shapes)
+
+
+def _bnb_8bit_state_bytes(shapes: list[Shape]) -> int:
+    total, any_8bit = 0, False
+    for shape in shapes:
+        n = _numel(shape)
+        if n >= BNB_MIN_8BIT_NUMEL:
+            any_8bit = True
+            total += 2 * n + 2 * FP32_BYTES * math.ceil(n / BNB_BLOCK_SIZE)  # uint8 moments + absmax
+        else:
+            total += 2 * FP32_BYTES * n  # small tensors keep fp32 moments
+    return total + (BNB_QMAP_BYTES if any_8bit else 0)
+
+
+def _adafactor_state_bytes(shapes: list[Shape]) -> int:
+    # transformers' Adafactor without momentum: a factored second moment (row + column statistics) for
+    # tensors of rank >= 2, a full one for vectors, and one fp32 RMS scalar per parameter.
+    total = 0
+    for shape in shapes:
+        if len(shape) >= 2:
+            rows = _numel(shape[:-1])
+            cols = _numel(shape[:-2]) * shape[-1]
+            total += FP32_BYTES * (rows + cols)
+        else:
+            total += FP32_BYTES * _numel(shape)
+        total += FP32_BYTES
+    return total
+
+
+def _make_adamw(params: Iterable[Any], lr: float, **kwargs: Any) -> Any:
+    import torch
+
+    return torch.optim.AdamW(params, lr=lr, **kwargs)
+
+
+def _make_adafactor(params: Iterable[Any], lr: float, **kwargs: Any) -> Any:
+    from transformers.optimization import Adafactor
+
+    # An external learning rate (as a scheduler would drive it), no relative-step heuristics, no
+    # momentum: this is the memory-lean configuration people pick Adafactor for.
+    settings = dict(relative_step=False, scale_parameter=False, warmup_init=False, beta1=None)
+    return Adafactor(params, lr=lr, **{**settings, **kwargs})
+
+
+def _make_bnb_adamw8bit(params: Iterable[Any], lr: float, **kwargs: Any) -> Any:
+    import bitsandbytes as bnb
+
+    return bnb.optim.AdamW8bit(params, lr=lr, **kwargs)
+
+
+def _make_torchao(class_name: str) -> Callable[..., Any]:
+    def make(params: Iterable[Any], lr: float, **kwargs: Any) -> Any:
+        from torchao import optim as ao_optim
+
+        return getattr(ao_optim, class_name)(params, lr=lr, **kwargs)
+
+    return make
+
+
+def _torchao_state_bytes(bits: int, block_size: int) -> Callable[[list[Shape]], int]:
+    # torchao quantises tensors of at least 4096 elements: `bits` per element + one fp32 scale per block
+    # for each moment, and keeps a float32 step; smaller tensors stay fp32.
+    def count(shapes: list[Shape]) -> int:
+        total = 0
+        for shape in shapes:
+            n = _numel(shape)
+            if n >= 4096 and n % block_size == 0:
+                total += 2 * (n * bits // 8 + FP32_BYTES * (n // block_size))
+            else:
+                total += 2 * FP32_BYTES * n
+            total += FP32_BYTES
+        return total
+
+    return count
+
+
+REGISTRY: dict[str, OptimizerSpec] = {
+    spec.name: spec
+    for spec in [
+        OptimizerSpec(
+            name="adamw",
+            aliases=("adamw_torch", "adamw_torch_fused"),
+            factory=_make_adamw,
+            library="torch",
+            default_lr=5e-5,
+            precision="fp32",
+            nominal_bytes_per_param=8.0,
+            analytic_state_bytes=_adamw_state_bytes,
+            description="torch.optim.AdamW: two fp32 moments per parameter (the reference)",
+        ),
+        OptimizerSpec(
+            name="adafactor",
+            aliases=("adafactor_hf",),
+            factory=_make_adafactor,
+            library="transformers",
+            # Without momentum or parameter scaling Adafactor's update is RMS-clipped to ~lr per element,
+            # so it wants a larger lr than AdamW for the same progress.
+            default_lr=3e-4,
+            precision="factored",
+            nominal_bytes_per_param=0.0,
+            analytic_state_bytes=_adafactor_state_bytes,
+            description="transformers Adafactor, external lr, no momentum: row+column second moment",
+        ),
+        OptimizerSpec(
+            name="adamw8bit",
+            aliases=("adamw_bnb_8bit", "adamw_8bit"),
+            factory=_make_bnb_adamw8bit,
+            library="bitsandbytes",
+            default_lr=5e-5,
+            precision="int8-blockwise",
+            nominal_bytes_per_param=2.0 + 2 * FP32_BYTES / BNB_BLOCK_SIZE,
+            analytic_state_bytes=_bnb_8bit_state_bytes,
+            description="bitsandbytes AdamW8bit: uint8 moments, fp32 absmax per 256-block",
+        ),
+        OptimizerSpec(
+            name="adamw8bit_torchao",
+            aliases=("adamw_torch_8bit",),
+            factory=_make_torchao("AdamW8bit"),
+            library="torchao",
+            default_lr=5e-5,
+            precision="int8-blockwise",
+            nominal_bytes_per_param=2.0 + 2 * FP32_BYTES / 256,
+            analytic_state_bytes=_torchao_state_bytes(bits=8, block_size=256),
+            description="torchao AdamW8bit (tensor-subclass state; compiles on its first step)",
+        ),
+        OptimizerSpec(
+            name="adamw4bit_torchao",
+            aliases=("adamw_torch_4bit",),
+            factory=_make_torchao("AdamW4bit"),
+            library="torchao",
+            default_lr=5e-5,
+            precision="int4-blockwise",
+            nominal_bytes_per_param=1.0 + 2 * FP32_BYTES / 128,
+            analytic_state_bytes=_torchao_state_bytes(bits=4, block_size=128),
+            description="torchao AdamW4bit (tensor-subclass state; compiles on its first step)",
+        ),
+    ]
+}
+
+DEFAULT_OPTIMIZERS: tuple[str, ...] = ("adamw", "adafactor", "adamw8bit")
+
+
+def resolve(name: str) -> OptimizerSpec:
+    """Look a name or an HF Trainer alias up; unknown names fail with the list of known ones."""
+    key = name.strip().lower()
+    for spec in REGISTRY.values():
+        if key == spec.name or key in spec.aliases:
+            return spec
+    known = ", ".join(f"{s.name} ({'/'.join(s.aliases)})" if s.aliases else s.name for s in REGISTRY.values())
+    raise UnknownOptimizerError(f"unknown optimizer '{name}'; known: {known}")

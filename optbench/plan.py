@@ -1,0 +1,77 @@
+"""Sweep planning: presets and the grid of trials. Pure data, no torch, so `plan` is instant and testable.
+
+A `TrialSpec` holds every setting that changes what a trial measures; its `trial_id` is a stable hash
+of those settings, which is how a re-run recognises (and skips) trials already recorded `ok`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Preset:
+    workload: str
+    steps: int
+    warmup_steps: int  # excluded from the timing medians; also the learning-rate warm-up length
+    batch_size: int
+    seq_len: int
+    eval_size: int
+    seeds: tuple[int, ...]
+    timeout_s: float
+
+
+PRESETS: dict[str, Preset] = {
+    # Seconds per optimizer on 2 CPU cores: enough steps to exercise every code path, not to learn much.
+    "smoke": Preset("minilm", steps=8, warmup_steps=2, batch_size=8, seq_len=32, eval_size=64,
+                    seeds=(0,), timeout_s=300),
+    # About a minute and a half per optimizer on 2 CPU cores; AdamW learns the task well but not perfectly.
+    "default": Preset("minilm", steps=100, warmup_steps=10, batch_size=16, seq_len=32, eval_size=512,
+                      seeds=(0,), timeout_s=900),
+    # For GPUs: longer, larger batches, three seeds for error bars.
+    "nightly": Preset("minilm", steps=400, warmup_steps=40, batch_size=32, seq_len=64, eval_size=1000,
+                      seeds=(0, 1, 2), timeout_s=1800),
+}
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    optimizer: str
+    workload: str = "minilm"
+    model: str | None = None  # HF id or local path overriding the workload's model
+    dataset: str | None = None  # HF `name[:config]` or a local csv/json/parquet file
+    text_column: str = "text"
+    label_column: str = "label"
+    seed: int = 0
+    device: str = "auto"
+    steps: int = 100
+    warmup_steps: int = 10
+    batch_size: int = 16
+    seq_len: int = 32
+    eval_size: int = 512
+    lr: float | None = None  # None: the registry's default learning rate for this optimizer
+    optimizer_kwargs: dict[str, Any] = field(default_factory=dict)
+    fidelity: bool = False  # also run a shadow fp32 AdamW and record update cosine / relative error
+    timeout_s: float = 900.0
+
+    @property
+    def trial_id(self) -> str:
+        """Stable hash of the settings that change the measurement (timeout does not)."""
+        data = {k: v for k, v in self.to_dict().items() if k != "timeout_s"}
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrialSpec:
+        return cls(**data)
+
+
+def build_grid(optimizers: list[str], seeds: list[int], **settings: Any) -> list[TrialSpec]:
+    """One trial per (seed, optimizer), seeds outermost so an interrupted sweep has every optimizer once."""
+    return [TrialSpec(optimizer=name, seed=seed, **settings) for seed in seeds for name in optimizers]

@@ -1,0 +1,195 @@
+"""The results record, its JSON Lines store and the environment stamp every record carries.
+
+One `Record` per trial; its fields *are* the schema (units in the names). The store appends one line
+per finished trial and fsyncs it, so killing a sweep loses at most the trial in flight; the reader
+skips a torn last line with a warning instead of failing the whole file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import warnings
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+STATUSES = ("ok", "oom", "diverged", "error", "timeout", "skipped")
+
+
+@dataclass
+class Record:
+    schema_version: int = SCHEMA_VERSION
+    run_id: str = ""
+    trial_id: str = ""
+    status: str = "error"
+    error: str | None = None
+    # what ran
+    optimizer: str = ""
+    optimizer_kwargs: dict[str, Any] = field(default_factory=dict)
+    state_precision: str = ""
+    workload: str = ""
+    model: str = ""
+    dataset: str = ""
+    seed: int = 0
+    device: str = ""
+    device_name: str = ""
+    # the job
+    steps: int = 0
+    warmup_steps: int = 0
+    batch_size: int = 0
+    seq_len: int = 0
+    lr: float = 0.0
+    # model side
+    num_params: int | None = None
+    weights_bytes: int | None = None
+    grads_bytes: int | None = None
+    # optimizer state, measured after training
+    state_bytes: int | None = None
+    state_bytes_per_param: float | None = None
+    state_bytes_by_key: dict[str, int] = field(default_factory=dict)
+    analytic_state_bytes: int | None = None
+    analytic_state_bytes_per_param: float | None = None
+    # memory
+    peak_cuda_allocated_bytes: int | None = None
+    peak_cuda_reserved_bytes: int | None = None
+    peak_rss_bytes: int | None = None
+    peak_rss_growth_bytes: int | None = None
+    # time
+    first_step_s: float | None = None
+    step_time_median_s: float | None = None
+    step_time_iqr_s: float | None = None
+    optimizer_step_median_s: float | None = None
+    optimizer_step_iqr_s: float | None = None
+    samples_per_s: float | None = None
+    # quality
+    train_loss_final: float | None = None
+    loss_curve: list[float] = field(default_factory=list)
+    eval_accuracy: float | None = None
+    eval_f1: float | None = None
+    # bookkeeping
+    wall_s: float | None = None
+    started_at: str = ""
+    env: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-safe data; a non-finite float (a diverged loss) becomes None."""
+        return _finite(dataclasses.asdict(self))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Record:
+        """Read a record, keeping unknown (newer) fields out and filling missing (older) ones."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+def append_record(path: Path, record: Record) -> None:
+    """Append one record as one line, flushed and fsynced before returning.
+
+    A single write() of a line under the pipe-buffer size is not torn by a kill between trials;
+    a kill during the write leaves at most a partial last line, which `read_records` skips.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = json.dumps(record.to_dict(), allow_nan=False, default=str) + "\n"
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(line)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+class ResultsFileError(ValueError):
+    """A results file that is missing or holds something other than records."""
+
+
+def read_records(path: Path) -> list[Record]:
+    """Every record in a JSON Lines file; a torn *last* line is skipped with a warning."""
+    if not path.is_file():
+        raise ResultsFileError(f"no such results file: {path}")
+    lines = path.read_text(encoding="utf-8").splitlines()
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            data = json.loads(line)
+        except json.JSONDecodeError as exc:
+            if number == len(lines):
+                warnings.warn(f"{path}:{number}: skipping a torn last line (sweep killed mid-write?)",
+                              stacklevel=2)
+                continue
+            raise ResultsFileError(f"{path}:{number}: not a JSON line ({exc.msg})") from exc
+        if not isinstance(data, dict) or "trial_id" not in data or "optimizer" not in data:
+            raise ResultsFileError(f"{path}:{number}: not an optbench record (no trial_id/optimizer)")
+        records.append(Record.from_dict(data))
+    return records
+
+
+def completed_trial_ids(path: Path) -> set[str]:
+    """Trial ids already recorded `ok` in `path`: a re-run skips these (resume)."""
+    if not path.is_file():
+        return set()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return {r.trial_id for r in read_records(path) if r.status == "ok"}
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+            cwd=Path(__file__).resolve().parent,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def environment(packages: Iterable[str] = ("torch", "transformers", "datasets", "bitsandbytes",
+                                          "torchao", "optbench")) -> dict[str, Any]:
+    """Library versions, hardware and git commit: what a reader needs to trust or reproduce a number."""
+    import torch
+
+    env: dict[str, Any] = {"python": sys.version.split()[0], "platform": platform.platform()}
+    env.update({name: _version(name) for name in packages})
+    env["cuda"] = torch.version.cuda
+    env["cpu"] = _cpu_name()
+    env["cpu_count"] = os.cpu_count()
+    env["torch_threads"] = torch.get_num_threads()
+    env["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    env["git_commit"] = _git_commit()
+    return env

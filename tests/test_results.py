@@ -1,0 +1,63 @@
+"""The JSON Lines store: round trip, torn last line, resume keys, JSON-safety."""
+
+import json
+import math
+
+import pytest
+
+from optbench.results import Record, ResultsFileError, append_record, completed_trial_ids, read_records
+
+
+def test_round_trip_keeps_every_field(tmp_path):
+    path = tmp_path / "r.jsonl"
+    record = Record(trial_id="a", optimizer="adamw", status="ok", state_bytes=8, loss_curve=[1.0, 0.5],
+                    state_bytes_by_key={"exp_avg": 4, "exp_avg_sq": 4})
+    append_record(path, record)
+    append_record(path, Record(trial_id="b", optimizer="adafactor", status="error", error="boom"))
+    back = read_records(path)
+    assert back[0] == record and back[1].error == "boom"
+
+
+def test_non_finite_numbers_are_written_as_null(tmp_path):
+    path = tmp_path / "r.jsonl"
+    append_record(path, Record(trial_id="a", optimizer="adamw", status="diverged",
+                               loss_curve=[1.0, math.nan, math.inf], train_loss_final=math.nan))
+    data = json.loads(path.read_text())
+    assert data["loss_curve"] == [1.0, None, None] and data["train_loss_final"] is None
+
+
+def test_torn_last_line_is_skipped_with_a_warning(tmp_path):
+    path = tmp_path / "r.jsonl"
+    append_record(path, Record(trial_id="a", optimizer="adamw", status="ok"))
+    with open(path, "a") as handle:
+        handle.write('{"trial_id": "b", "optim')  # killed mid-write
+    with pytest.warns(UserWarning, match="torn last line"):
+        records = read_records(path)
+    assert [r.trial_id for r in records] == ["a"]
+
+
+def test_corrupt_line_in_the_middle_is_an_error(tmp_path):
+    path = tmp_path / "r.jsonl"
+    path.write_text('not json\n{"trial_id": "a", "optimizer": "adamw"}\n')
+    with pytest.raises(ResultsFileError, match=":1: not a JSON line"):
+        read_records(path)
+
+
+def test_a_json_file_that_is_not_records_is_refused(tmp_path):
+    path = tmp_path / "r.jsonl"
+    path.write_text('{"hello": 1}\n')
+    with pytest.raises(ResultsFileError, match="not an optbench record"):
+        read_records(path)
+
+
+def test_only_ok_trials_count_as_completed(tmp_path):
+    path = tmp_path / "r.jsonl"
+    for trial_id, status in [("a", "ok"), ("b", "error"), ("c", "timeout"), ("d", "ok")]:
+        append_record(path, Record(trial_id=trial_id, optimizer="adamw", status=status))
+    assert completed_trial_ids(path) == {"a", "d"}
+    assert completed_trial_ids(tmp_path / "missing.jsonl") == set()
+
+
+def test_older_and_newer_records_still_read():
+    old = Record.from_dict({"trial_id": "a", "optimizer": "adamw", "some_future_field": 3})
+    assert old.trial_id == "a" and old.state_bytes is None

@@ -1,0 +1,55 @@
+"""One trial in this process on the tiny BERT: every record field filled, failures become statuses."""
+
+import pytest
+
+from optbench import optimizers
+from optbench.plan import TrialSpec
+from optbench.trial import run_trial
+
+TINY = dict(workload="tiny", steps=6, warmup_steps=2, batch_size=4, seq_len=16, eval_size=24)
+
+
+@pytest.mark.parametrize("name", [s.name for s in optimizers.REGISTRY.values() if s.available])
+def test_trial_fills_the_record(name):
+    record = run_trial(TrialSpec(optimizer=name, **TINY))
+    assert record.status == "ok", record.error
+    assert record.state_bytes == record.analytic_state_bytes > 0
+    assert record.num_params > 1_000_000 and record.weights_bytes == record.grads_bytes == 4 * record.num_params
+    assert record.device == "cpu" and record.device_name
+    assert record.peak_cuda_allocated_bytes is None
+    assert record.peak_rss_bytes > record.peak_rss_growth_bytes > 0
+    assert len(record.loss_curve) == 6 and record.train_loss_final > 0
+    assert record.first_step_s > 0 and record.step_time_median_s > record.optimizer_step_median_s > 0
+    assert record.step_time_iqr_s >= 0 and record.samples_per_s == pytest.approx(4 / record.step_time_median_s)
+    assert 0 <= record.eval_accuracy <= 1 and 0 <= record.eval_f1 <= 1
+    assert record.env["torch"] and record.env["transformers"] and "git_commit" in record.env
+    assert record.lr == optimizers.resolve(name).default_lr
+
+
+def test_huge_learning_rate_is_recorded_as_diverged():
+    record = run_trial(TrialSpec(optimizer="adamw", lr=1e4, **TINY))
+    assert record.status == "diverged"
+    assert "loss" in record.error
+
+
+def test_a_trial_that_raises_is_an_error_record():
+    record = run_trial(TrialSpec(optimizer="adamw", optimizer_kwargs={"betas": (2.0, 0.9)}, **TINY))
+    assert record.status == "error"
+    assert "beta" in record.error.lower()
+    assert record.optimizer == "adamw" and record.steps == 6  # the settings survive the failure
+
+
+def test_cuda_asked_for_without_cuda_is_an_error_record():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    record = run_trial(TrialSpec(optimizer="adamw", device="cuda", **TINY))
+    assert record.status == "error" and "CUDA" in record.error
+
+
+def test_trial_id_is_stable_and_settings_sensitive():
+    a, b = TrialSpec(optimizer="adamw", **TINY), TrialSpec(optimizer="adamw", **TINY)
+    assert a.trial_id == b.trial_id
+    assert a.trial_id != TrialSpec(optimizer="adamw", seed=1, **{k: v for k, v in TINY.items()}).trial_id
+    assert a.trial_id == TrialSpec(optimizer="adamw", timeout_s=5, **TINY).trial_id
