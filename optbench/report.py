@@ -23,6 +23,7 @@ METRICS: list[tuple[str, str, int]] = [
     ("state B/param", "state_bytes_per_param", 3),
     ("peak MiB", "peak_mib", 0),
     ("train mem MiB", "train_mem_mib", 0),
+    ("held MiB", "held_mib", 0),
     ("step ms", "step_ms", 1),
     ("opt step ms", "opt_step_ms", 1),
     ("samples/s", "samples_per_s", 1),
@@ -51,6 +52,8 @@ def trials_frame(records: Iterable[Record]) -> pd.DataFrame:
     # (the process's own baseline — Python, torch, the loaded model — is the same for every optimizer).
     frame["train_mem_mib"] = frame["peak_cuda_allocated_bytes"].where(
         on_cuda, frame["peak_rss_growth_bytes"]) / MIB
+    # Held after the last optimizer step (CPU): grads + state without step()'s transient temporaries.
+    frame["held_mib"] = frame["rss_growth_after_step_bytes"].where(~on_cuda) / MIB
     frame["step_ms"] = frame["step_time_median_s"] * 1e3
     frame["opt_step_ms"] = frame["optimizer_step_median_s"] * 1e3
     return frame

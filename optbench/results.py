@@ -63,6 +63,9 @@ class Record:
     peak_cuda_reserved_bytes: int | None = None
     peak_rss_bytes: int | None = None
     peak_rss_growth_bytes: int | None = None
+    # RSS over the baseline right after the last optimizer step: what training holds (grads + state),
+    # without the transient peak inside step() (bitsandbytes' CPU kernel dequantises to fp32 there)
+    rss_growth_after_step_bytes: int | None = None
     # time
     first_step_s: float | None = None
     step_time_median_s: float | None = None

@@ -152,6 +152,10 @@ def _train_and_measure(spec: TrialSpec, record: Record) -> None:
     batches = [{k: v.to(device) for k, v in b.items()}
                for b in _batches(workload.train, spec.batch_size, spec.steps, spec.seed)]
 
+    # One forward/backward before the baseline pages in the kernels and warms the allocator, which
+    # every optimizer would otherwise be charged for; its gradients are dropped.
+    model(**batches[0]).loss.backward()
+    model.zero_grad(set_to_none=True)
     gc.collect()
     rss_baseline = measure.current_rss_bytes()
     measure.reset_peaks(device)
@@ -167,6 +171,8 @@ def _train_and_measure(spec: TrialSpec, record: Record) -> None:
         t1 = measure.clock(device)
         optimizer.step()
         t2 = measure.clock(device)
+        if step == spec.steps - 1 and rss_baseline is not None:
+            record.rss_growth_after_step_bytes = measure.current_rss_bytes() - rss_baseline
         optimizer.zero_grad(set_to_none=True)
         scheduler.step()
         t3 = measure.clock(device)
