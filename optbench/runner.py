@@ -7,7 +7,6 @@ Trials already recorded `ok` in the output file are skipped, so re-running a kil
 
 from __future__ import annotations
 
-import collections
 import json
 import os
 import signal
@@ -23,21 +22,28 @@ from pathlib import Path
 from optbench.plan import TrialSpec
 from optbench.results import Record, append_record, completed_trial_ids
 
-STDERR_TAIL_LINES = 20
+STDERR_TAIL_BYTES = 4096
 
 
 def new_run_id() -> str:
     return time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
 
 
-def _forward_stderr(stream, tail: collections.deque[str]) -> None:
-    """Echo the child's stderr (its progress bar) and keep the last lines for the error message."""
-    for line in iter(stream.readline, ""):
-        sys.stderr.write(line)
-        sys.stderr.flush()
-        stripped = line.strip()
-        if stripped:
-            tail.append(stripped.split("\r")[-1])
+def _forward_stderr(fd: int, tail: bytearray) -> None:
+    """Echo the child's stderr as it comes (its progress bar redraws with \r, not newlines) and keep
+    the last few KiB for the error message of a child that dies without writing its record."""
+    out = getattr(sys.stderr, "buffer", None)
+    while chunk := os.read(fd, 4096):
+        if out is not None:
+            out.write(chunk)
+            out.flush()
+        tail.extend(chunk)
+        del tail[:-STDERR_TAIL_BYTES]
+
+
+def _last_lines(tail: bytes, count: int = 3) -> str:
+    lines = [line.strip() for line in tail.decode(errors="replace").replace("\r", "\n").splitlines()]
+    return " | ".join([line for line in lines if line][-count:]) or "no output"
 
 
 def _failed(spec: TrialSpec, status: str, error: str) -> Record:
@@ -56,12 +62,12 @@ def run_in_subprocess(spec: TrialSpec) -> Record:
         started = time.perf_counter()
         child = subprocess.Popen(
             [sys.executable, "-m", "optbench.trial", str(spec_path), str(record_path)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, errors="replace",
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
             start_new_session=True,  # its own process group, so a timeout kills any grandchildren too
             env={**os.environ, "TOKENIZERS_PARALLELISM": "false"},
         )
-        tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
-        reader = threading.Thread(target=_forward_stderr, args=(child.stderr, tail), daemon=True)
+        tail = bytearray()
+        reader = threading.Thread(target=_forward_stderr, args=(child.stderr.fileno(), tail), daemon=True)
         reader.start()
         try:
             returncode = child.wait(timeout=spec.timeout_s)
@@ -75,7 +81,7 @@ def run_in_subprocess(spec: TrialSpec) -> Record:
         reader.join(timeout=5)
         if record_path.is_file():
             return Record.from_dict(json.loads(record_path.read_text()))
-        last = " | ".join(list(tail)[-3:]) or "no output"
+        last = _last_lines(bytes(tail))
         if returncode in (-signal.SIGKILL, 137):
             record = _failed(spec, "oom", f"trial process was killed (out of memory?): {last}")
         else:

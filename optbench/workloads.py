@@ -123,7 +123,11 @@ def _tokenize(tokenizer, split, seq_len: int) -> dict[str, torch.Tensor]:
 
 def build_workload(spec: TrialSpec) -> Workload:
     """Model (seeded head), tokenized splits (eval capped at spec.eval_size)."""
+    import transformers
     from transformers import AutoModelForSequenceClassification, BertForSequenceClassification
+
+    # The load report ("classifier.weight MISSING") is expected for a fresh head; keep trial logs quiet.
+    transformers.logging.set_verbosity_error()
 
     source = _model_source(spec)
     train, held_out, dataset_name = load_splits(spec)
