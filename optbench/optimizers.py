@@ -13,6 +13,7 @@ reason instead of breaking the import.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -115,6 +116,9 @@ def _make_adafactor(params: Iterable[Any], lr: float, **kwargs: Any) -> Any:
 
 
 def _make_bnb_adamw8bit(params: Iterable[Any], lr: float, **kwargs: Any) -> Any:
+    # On CPUs with AVX512-BF16, importing bitsandbytes tries to fetch a 4-bit inference kernel from the
+    # hub and logs a warning when it cannot; the optimizers do not use that kernel.
+    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
     import bitsandbytes as bnb
 
     return bnb.optim.AdamW8bit(params, lr=lr, **kwargs)
