@@ -30,6 +30,9 @@ BNB_BLOCK_SIZE = 256
 BNB_QMAP_BYTES = 2 * 256 * FP32_BYTES
 
 
+NOMINAL_SHAPE = (1024, 1024)
+
+
 class UnknownOptimizerError(ValueError):
     """Raised for a name that is neither registered nor an alias; the message lists the known names."""
 
@@ -41,7 +44,6 @@ class OptimizerSpec:
     library: str
     default_lr: float
     precision: str
-    nominal_bytes_per_param: float  # for a large dense matrix; the exact figure comes from analytic_state_bytes
     analytic_state_bytes: Callable[[list[Shape]], int]
     aliases: tuple[str, ...] = ()
     description: str = ""
@@ -53,6 +55,12 @@ class OptimizerSpec:
         if importlib.util.find_spec(module) is None:
             return f"needs `pip install {self.library}`"
         return None
+
+    @property
+    def nominal_bytes_per_param(self) -> float:
+        """State bytes per parameter of one 1024 x 1024 weight matrix: the figure to quote for big models
+        (the exact count for a given model comes from `analytic_state_bytes` on its shapes)."""
+        return self.analytic_state_bytes([NOMINAL_SHAPE]) / math.prod(NOMINAL_SHAPE)
 
     @property
     def available(self) -> bool:
@@ -124,15 +132,6 @@ def _make_bnb_adamw8bit(params: Iterable[Any], lr: float, **kwargs: Any) -> Any:
     return bnb.optim.AdamW8bit(params, lr=lr, **kwargs)
 
 
-def _make_torchao(class_name: str) -> Callable[..., Any]:
-    def make(params: Iterable[Any], lr: float, **kwargs: Any) -> Any:
-        from torchao import optim as ao_optim
-
-        return getattr(ao_optim, class_name)(params, lr=lr, **kwargs)
-
-    return make
-
-
 def _torchao_state_bytes(bits: int, block_size: int) -> Callable[[list[Shape]], int]:
     # torchao quantises tensors of at least 4096 elements whose size is a multiple of the block: per
     # moment, `bits` per element + one fp32 scale per block + its own 2**bits-entry fp32 quantisation
@@ -154,6 +153,27 @@ def _torchao_state_bytes(bits: int, block_size: int) -> Callable[[list[Shape]], 
     return count
 
 
+def _torchao_entry(bits: int, block_size: int) -> OptimizerSpec:
+    """torchao's low-bit AdamW (`AdamW8bit`, `AdamW4bit`): tensor-subclass state, compiled on first step."""
+    class_name = f"AdamW{bits}bit"
+
+    def make(params: Iterable[Any], lr: float, **kwargs: Any) -> Any:
+        from torchao import optim as ao_optim
+
+        return getattr(ao_optim, class_name)(params, lr=lr, **kwargs)
+
+    return OptimizerSpec(
+        name=f"adamw{bits}bit_torchao",
+        aliases=(f"adamw_torch_{bits}bit",),
+        factory=make,
+        library="torchao",
+        default_lr=5e-5,
+        precision=f"int{bits}-blockwise",
+        analytic_state_bytes=_torchao_state_bytes(bits, block_size),
+        description=f"torchao {class_name} (tensor-subclass state; compiles on its first step)",
+    )
+
+
 REGISTRY: dict[str, OptimizerSpec] = {
     spec.name: spec
     for spec in [
@@ -164,7 +184,6 @@ REGISTRY: dict[str, OptimizerSpec] = {
             library="torch",
             default_lr=5e-5,
             precision="fp32",
-            nominal_bytes_per_param=8.0,
             analytic_state_bytes=_adamw_state_bytes,
             description="torch.optim.AdamW: two fp32 moments per parameter (the reference)",
         ),
@@ -177,7 +196,6 @@ REGISTRY: dict[str, OptimizerSpec] = {
             # so it wants a larger lr than AdamW for the same progress.
             default_lr=3e-4,
             precision="factored",
-            nominal_bytes_per_param=0.0,
             analytic_state_bytes=_adafactor_state_bytes,
             description="transformers Adafactor, external lr, no momentum: row+column second moment",
         ),
@@ -188,32 +206,11 @@ REGISTRY: dict[str, OptimizerSpec] = {
             library="bitsandbytes",
             default_lr=5e-5,
             precision="int8-blockwise",
-            nominal_bytes_per_param=2.0 + 2 * FP32_BYTES / BNB_BLOCK_SIZE,
             analytic_state_bytes=_bnb_8bit_state_bytes,
             description="bitsandbytes AdamW8bit: uint8 moments, fp32 absmax per 256-block",
         ),
-        OptimizerSpec(
-            name="adamw8bit_torchao",
-            aliases=("adamw_torch_8bit",),
-            factory=_make_torchao("AdamW8bit"),
-            library="torchao",
-            default_lr=5e-5,
-            precision="int8-blockwise",
-            nominal_bytes_per_param=2.0 + 2 * FP32_BYTES / 256,
-            analytic_state_bytes=_torchao_state_bytes(bits=8, block_size=256),
-            description="torchao AdamW8bit (tensor-subclass state; compiles on its first step)",
-        ),
-        OptimizerSpec(
-            name="adamw4bit_torchao",
-            aliases=("adamw_torch_4bit",),
-            factory=_make_torchao("AdamW4bit"),
-            library="torchao",
-            default_lr=5e-5,
-            precision="int4-blockwise",
-            nominal_bytes_per_param=1.0 + 2 * FP32_BYTES / 128,
-            analytic_state_bytes=_torchao_state_bytes(bits=4, block_size=128),
-            description="torchao AdamW4bit (tensor-subclass state; compiles on its first step)",
-        ),
+        _torchao_entry(bits=8, block_size=256),
+        _torchao_entry(bits=4, block_size=128),
     ]
 }
 

@@ -84,10 +84,16 @@ def test_unknown_name_lists_the_known_ones():
 def test_missing_library_makes_an_entry_unavailable_with_a_reason():
     spec = optimizers.OptimizerSpec(
         name="ghost", factory=lambda p, lr: None, library="no_such_library_xyz", default_lr=1e-3,
-        precision="fp32", nominal_bytes_per_param=8, analytic_state_bytes=lambda shapes: 0)
+        precision="fp32", analytic_state_bytes=lambda shapes: 0)
     assert not spec.available
     assert "pip install no_such_library_xyz" in spec.unavailable_reason()
 
 
 def test_each_entry_wants_its_own_learning_rate():
     assert optimizers.resolve("adafactor").default_lr > optimizers.resolve("adamw").default_lr
+
+
+def test_nominal_bytes_per_param_comes_from_the_analytic_count():
+    assert optimizers.resolve("adamw").nominal_bytes_per_param == pytest.approx(8.0, abs=1e-5)
+    assert optimizers.resolve("adamw8bit").nominal_bytes_per_param == pytest.approx(2 + 8 / 256, abs=1e-2)
+    assert optimizers.resolve("adafactor").nominal_bytes_per_param < 0.01
