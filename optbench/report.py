@@ -2,11 +2,14 @@
 
 Numbers are means over seeds (± std where there are several); failed trials get their own row with
 their status and message, so nothing disappears from the table. A re-run trial (same trial_id) counts
-once, with its latest record.
+once, with its latest record. The same summary renders as markdown, csv, json or a self-contained
+html page with the figures (plots.py, imported only when figures are written).
 """
 
 from __future__ import annotations
 
+import base64
+import html
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -29,7 +32,11 @@ METRICS: list[tuple[str, str, int]] = [
     ("samples/s", "samples_per_s", 1),
     ("eval acc", "eval_accuracy", 3),
     ("eval F1", "eval_f1", 3),
+    ("update cos", "update_cosine_median", 4),  # only with `run --fidelity`; blank otherwise
 ]
+# Averaged over seeds for the figures, not shown in the table.
+FIGURE_COLUMNS = ["weights_mib", "grads_mib", "peak_memory_mib", "other_peak_mib", "update_rel_error_median"]
+FORMATS = ("md", "csv", "json", "html")
 RELATIVE = ["mem saved % vs adamw", "speed x vs adamw", "acc Δ pts vs adamw"]
 
 
@@ -56,12 +63,35 @@ def trials_frame(records: Iterable[Record]) -> pd.DataFrame:
     frame["held_mib"] = frame["rss_growth_after_step_bytes"].where(~on_cuda) / MIB
     frame["step_ms"] = frame["step_time_median_s"] * 1e3
     frame["opt_step_ms"] = frame["optimizer_step_median_s"] * 1e3
+    _add_memory_parts(frame, on_cuda)
+    for name in ("update_cosine_median", "update_rel_error_median"):
+        frame[name] = _numeric(frame, name)
     return frame
+
+
+def _numeric(frame: pd.DataFrame, name: str) -> pd.Series:
+    """A numeric column, all-NaN when records predate the field (older results files)."""
+    if name not in frame:
+        return pd.Series(float("nan"), index=frame.index)
+    return pd.to_numeric(frame[name], errors="coerce")
+
+
+def _add_memory_parts(frame: pd.DataFrame, on_cuda: pd.Series) -> None:
+    """Peak training memory and its parts in MiB. Records without `peak_memory_bytes` get it the way the
+    trial defines it: the CUDA allocator peak, or on CPU weights + peak RSS growth (the RSS baseline
+    already holds the weights); the rest is whatever the peak holds beyond weights, grads and state."""
+    weights, grads, state = (_numeric(frame, n) for n in ("weights_bytes", "grads_bytes", "state_bytes"))
+    fallback = _numeric(frame, "peak_cuda_allocated_bytes").where(on_cuda,
+                                                                  weights + _numeric(frame, "peak_rss_growth_bytes"))
+    peak = _numeric(frame, "peak_memory_bytes").fillna(fallback)
+    other = _numeric(frame, "other_peak_bytes").fillna(peak - weights - grads - state)
+    frame["weights_mib"], frame["grads_mib"] = weights / MIB, grads / MIB
+    frame["peak_memory_mib"], frame["other_peak_mib"] = peak / MIB, other / MIB
 
 
 def summarize(frame: pd.DataFrame) -> pd.DataFrame:
     """Numeric summary: one row per (job, optimizer, status) with mean and std columns."""
-    columns = [source for _, source, _ in METRICS]
+    columns = [source for _, source, _ in METRICS] + FIGURE_COLUMNS
     rows = []
     for (job, optimizer, status), group in frame.groupby(["job", "optimizer", "status"], sort=False):
         row = {"job": job, "optimizer": optimizer, "precision": group["state_precision"].iloc[0],
@@ -97,9 +127,9 @@ def _cell(row: pd.Series, source: str, decimals: int) -> str:
     return text if std is None or pd.isna(std) else f"{text} ± {std:,.{decimals}f}"
 
 
-def render_markdown(summary: pd.DataFrame) -> str:
-    """One markdown table per job, headed by the job's settings."""
-    parts = []
+def display_tables(summary: pd.DataFrame) -> list[tuple[str, pd.DataFrame, list[str]]]:
+    """Per job: (job label, the formatted table, one line per failed row's error)."""
+    tables = []
     for job, group in summary.groupby("job", sort=False):
         table = pd.DataFrame({
             "optimizer": group["optimizer"],
@@ -110,19 +140,66 @@ def render_markdown(summary: pd.DataFrame) -> str:
             RELATIVE[1]: [_cell(r, RELATIVE[1], 2) for _, r in group.iterrows()],
             RELATIVE[2]: [_cell(r, RELATIVE[2], 1) for _, r in group.iterrows()],
         })
-        errors = [f"- {r.optimizer} ({r.status}): {r.error}" for r in group.itertuples()
+        errors = [f"{r.optimizer} ({r.status}): {r.error}" for r in group.itertuples()
                   if r.status != "ok" and r.error]
-        parts.append(f"### {job}\n\n" + table.to_markdown(index=False) + ("\n\n" + "\n".join(errors)
-                                                                         if errors else ""))
+        tables.append((str(job), table, errors))
+    return tables
+
+
+def render_markdown(summary: pd.DataFrame) -> str:
+    """One markdown table per job, headed by the job's settings."""
+    parts = []
+    for job, table, errors in display_tables(summary):
+        parts.append(f"### {job}\n\n" + table.to_markdown(index=False)
+                     + ("\n\n" + "\n".join(f"- {e}" for e in errors) if errors else ""))
     return "\n\n".join(parts) + "\n"
 
 
-def write_report(records: list[Record], out_dir: Path) -> tuple[str, list[Path]]:
-    """Render the table; write report.md and summary.csv into out_dir. Returns (markdown, paths)."""
-    summary = summarize(trials_frame(records))
+def render_json(summary: pd.DataFrame) -> str:
+    """The numeric summary as a JSON array of rows (NaN as null), for scripts and dashboards."""
+    return summary.to_json(orient="records", indent=1, force_ascii=False) + "\n"
+
+
+def render_html(summary: pd.DataFrame, figures: Iterable[Path] = ()) -> str:
+    """One self-contained page: the tables, then each figure embedded as a base64 PNG (mail it, open it)."""
+    parts = []
+    for job, table, errors in display_tables(summary):
+        parts.append(f"<h2>{html.escape(job)}</h2>\n" + table.to_html(index=False, border=0, escape=True))
+        parts.extend(f"<p class=error>{html.escape(e)}</p>" for e in errors)
+    for figure in figures:
+        data = base64.b64encode(figure.read_bytes()).decode("ascii")
+        parts.append(f'<figure><img src="data:image/png;base64,{data}" alt="{figure.stem}">'
+                     f"<figcaption>{figure.name}</figcaption></figure>")
+    style = ("body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;font-size:90%}"
+             "td,th{padding:3px 8px;border-bottom:1px solid #ddd;text-align:right}img{max-width:100%}"
+             ".error{color:#a00}")
+    return (f"<!doctype html>\n<html><head><meta charset=utf-8><title>optbench report</title>"
+            f"<style>{style}</style></head><body>\n<h1>optbench report</h1>\n" + "\n".join(parts)
+            + "\n</body></html>\n")
+
+
+def write_report(records: list[Record], out_dir: Path, fmt: str = "md", figures: bool = True
+                 ) -> tuple[str, list[Path]]:
+    """Write report.md, summary.csv and the figures (and report.html for fmt html) into out_dir.
+
+    Returns (the report rendered in `fmt`, the paths written); report.md and summary.csv come first.
+    """
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown report format '{fmt}'; known: {', '.join(FORMATS)}")
+    trials = trials_frame(records)
+    summary = summarize(trials)
     markdown = render_markdown(summary)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [out_dir / "report.md", out_dir / "summary.csv"]
     paths[0].write_text(markdown, encoding="utf-8")
     summary.to_csv(paths[1], index=False)
-    return markdown, paths
+    if figures:
+        from optbench.plots import write_plots
+
+        paths += write_plots(trials, summary, out_dir)
+    text = {"md": lambda: markdown, "csv": lambda: summary.to_csv(index=False), "json": lambda: render_json(summary),
+            "html": lambda: render_html(summary, [p for p in paths if p.suffix == ".png"])}[fmt]()
+    if fmt == "html":
+        paths.append(out_dir / "report.html")
+        paths[-1].write_text(text, encoding="utf-8")
+    return text, paths

@@ -1,4 +1,7 @@
-"""The report on a hand-written results file: means, std over seeds, relative columns, failed rows."""
+"""The report on a hand-written results file: means, std over seeds, relative columns, failed rows, formats."""
+
+import io
+import json
 
 import pandas as pd
 import pytest
@@ -52,3 +55,52 @@ def test_rerun_trial_counts_once_with_its_latest_record(records):
     retry = _ok("c0", "adafactor", 0, 0.5, 200, 0.3, 0.7, precision="factored")
     summary = summarize(trials_frame(records + [retry])).set_index("optimizer")
     assert summary.loc["adafactor", "status"] == "ok"
+
+
+@pytest.mark.parametrize("fields,peak_mib,other_mib", [
+    (dict(peak_memory_bytes=70 * MIB, peak_cuda_allocated_bytes=999 * MIB), 70, 30),  # the record's own figure
+    (dict(peak_rss_growth_bytes=50 * MIB), 60, 20),  # older CPU record: weights + peak RSS growth
+    (dict(peak_cuda_allocated_bytes=80 * MIB, peak_rss_growth_bytes=5 * MIB), 80, 40),  # older CUDA record
+])
+def test_peak_memory_and_its_rest(fields, peak_mib, other_mib):
+    record = Record(trial_id="p", optimizer="adamw", status="ok", weights_bytes=10 * MIB, grads_bytes=10 * MIB,
+                    state_bytes=20 * MIB, **fields, **JOB)
+    frame = trials_frame([record])
+    assert frame.loc[0, "peak_memory_mib"] == peak_mib and frame.loc[0, "other_peak_mib"] == other_mib
+
+
+def test_records_without_model_side_sizes_get_no_peak(records):
+    assert trials_frame(records)["peak_memory_mib"].isna().all()  # no weights_bytes: NaN, not a crash
+
+
+def test_update_cos_column_blank_without_fidelity_filled_with_it(records, tmp_path):
+    markdown, _ = write_report(records, tmp_path, figures=False)
+    assert "update cos" in markdown and "1.0000" not in markdown
+    fid = _ok("f0", "adamw8bit", 0, 25, 300, 0.4, 0.86)
+    fid.update_cosine_median, fid.update_rel_error_median = 0.99871, 0.05
+    markdown, _ = write_report(records + [fid], tmp_path, figures=False)
+    assert "0.9987" in markdown
+
+
+@pytest.mark.parametrize("fmt", ["md", "csv", "json", "html"])
+def test_formats_print_their_own_text_and_always_write_md_and_csv(records, tmp_path, fmt):
+    text, paths = write_report(records, tmp_path, fmt=fmt)
+    names = [p.name for p in paths]
+    assert names[:2] == ["report.md", "summary.csv"] and "tradeoff.png" in names
+    if fmt == "json":
+        rows = json.loads(text)
+        assert {r["optimizer"] for r in rows} == {"adamw", "adamw8bit", "adafactor"}
+        assert next(r for r in rows if r["optimizer"] == "adafactor")["eval_accuracy"] is None
+    elif fmt == "csv":
+        assert set(pd.read_csv(io.StringIO(text))["optimizer"]) == {"adamw", "adamw8bit", "adafactor"}
+    elif fmt == "html":
+        assert names[-1] == "report.html" and (tmp_path / "report.html").read_text() == text
+        assert text.count('<img src="data:image/png;base64,') == 3 and "<table" in text and "loss became nan" in text
+    else:
+        assert text == (tmp_path / "report.md").read_text()
+    assert (fmt == "html") == ("report.html" in names)
+
+
+def test_unknown_format_is_refused(records, tmp_path):
+    with pytest.raises(ValueError, match="unknown report format 'pdf'"):
+        write_report(records, tmp_path, fmt="pdf")

