@@ -83,6 +83,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     run.add_argument("--timeout", type=_positive_float, help="seconds per trial before it is killed")
     run.add_argument("--out", type=Path, help="results file (default: results/<preset>.jsonl); resumed if present")
+    run.add_argument("--fidelity", action="store_true",
+                     help="also step a shadow fp32 AdamW; record update cosine / rel. error (inflates memory)")
+    run.add_argument("--scale", action="store_true",
+                     help="scaling sweep: tiny BERT at several widths, few steps; fits state bytes vs params "
+                          "(default out: results/scaling.jsonl, writes scaling.png beside it)")
+    run.add_argument("--widths", type=_int_list, help="with --scale: hidden widths (default 32,64,128,256,512)")
 
     commands.add_parser("list", help="registered optimizers: availability, precision, state bytes/param")
 
@@ -94,10 +100,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from optbench import scaling
     from optbench.results import Record
     from optbench.runner import run_sweep
 
-    preset = PRESETS[args.preset]
+    if args.scale and (args.workload or args.model):
+        raise UsageError("--scale sweeps the tiny BERT widths (workloads tiny-wN); drop --workload/--model")
+    if args.widths and not args.scale:
+        raise UsageError("--widths only applies with --scale")
+    preset = scaling.SCALE_PRESET if args.scale else PRESETS[args.preset]
     specs_optimizers = []
     for name in args.optimizers:
         try:
@@ -116,12 +127,17 @@ def _run(args: argparse.Namespace) -> int:
         label_column=args.label_column, device=args.device, steps=steps, warmup_steps=warmup,
         batch_size=args.batch_size or preset.batch_size, seq_len=args.seq_len or preset.seq_len,
         eval_size=args.eval_size or preset.eval_size, lr=args.lr,
-        timeout_s=args.timeout or preset.timeout_s,
+        timeout_s=args.timeout or preset.timeout_s, fidelity=args.fidelity,
     )
     seeds = args.seeds if args.seeds else list(preset.seeds)
     specs = build_grid(list(dict.fromkeys(specs_optimizers)), seeds, **settings)
+    if args.scale:
+        try:
+            specs = scaling.across_widths(specs, args.widths or scaling.SCALE_WIDTHS)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     _check_inputs(specs[0])
-    out = args.out or Path("results") / f"{args.preset}.jsonl"
+    out = args.out or (scaling.SCALE_OUT if args.scale else Path("results") / f"{args.preset}.jsonl")
     if out.exists() and not out.is_file():
         raise UsageError(f"--out {out} is not a file")
 
@@ -137,6 +153,11 @@ def _run(args: argparse.Namespace) -> int:
             _record_unavailable(spec, reason, out, show)
     print(f"optbench: {len(specs)} trials -> {out}", file=sys.stderr)
     run_sweep(runnable, out, on_record=show)
+    if args.scale:
+        markdown, figure = scaling.write_scaling(_load_records([out]), out)
+        print(markdown, end="")
+        print(f"wrote {figure}", file=sys.stderr)
+        return 0
     _print_report([out], out_dir=None)
     return 0
 

@@ -52,6 +52,9 @@ class Record:
     num_params: int | None = None
     weights_bytes: int | None = None
     grads_bytes: int | None = None
+    # Σ over parameter tensors of rows + columns (rank >= 2) or numel (vectors): the elements a factored
+    # second moment (Adafactor) keeps, so the x-axis its state grows along in the scaling fit
+    factored_numel: int | None = None
     # optimizer state, measured after training
     state_bytes: int | None = None
     state_bytes_per_param: float | None = None
@@ -66,6 +69,11 @@ class Record:
     # RSS over the baseline right after the last optimizer step: what training holds (grads + state),
     # without the transient peak inside step() (bitsandbytes' CPU kernel dequantises to fp32 there)
     rss_growth_after_step_bytes: int | None = None
+    # Peak split into parts. peak_memory_bytes is the CUDA allocator peak, or on CPU weights + peak RSS
+    # growth (the post-setup baseline already holds the weights, so growth alone would miss them).
+    # other_peak_bytes = peak - weights - grads - state: activations, temporaries, allocator slack.
+    peak_memory_bytes: int | None = None
+    other_peak_bytes: int | None = None
     # time
     first_step_s: float | None = None
     step_time_median_s: float | None = None
@@ -78,6 +86,15 @@ class Record:
     loss_curve: list[float] = field(default_factory=list)
     eval_accuracy: float | None = None
     eval_f1: float | None = None
+    # update fidelity (`run --fidelity`): the optimizer's parameter update u against an fp32 AdamW's u_ref
+    # from the same parameters and gradients, per step; medians skip steps where u_ref was zero.
+    # A fidelity trial also holds the shadow AdamW (params + two moments) and a parameter snapshot, so its
+    # peak memory is inflated: `fidelity` marks such records for the report.
+    fidelity: bool = False
+    update_cosine_median: float | None = None
+    update_rel_error_median: float | None = None
+    update_cosine_curve: list[float | None] = field(default_factory=list)
+    update_rel_error_curve: list[float | None] = field(default_factory=list)
     # bookkeeping
     wall_s: float | None = None
     started_at: str = ""

@@ -5,7 +5,8 @@ takes only this trial down. `python -m optbench.trial SPEC.json RECORD.json` is 
 
 Timing discipline: the first optimizer step (lazy state creation, compilation) is reported apart as
 `first_step_s`; the medians cover the steps after `warmup_steps`; every interval is bracketed by a
-CUDA synchronize. Fidelity probing (optional) happens outside the timed intervals.
+CUDA synchronize. Fidelity probing (`spec.fidelity`, see fidelity.py) happens between the timed
+intervals, so it costs wall time but never shows in `step_time_*` or `optimizer_step_*`.
 """
 
 from __future__ import annotations
@@ -16,12 +17,14 @@ import math
 import random
 import sys
 import time
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 
 from optbench import measure
+from optbench.fidelity import UpdateFidelity, median_of
 from optbench.optimizers import resolve
 from optbench.plan import TrialSpec
 from optbench.results import Record, environment
@@ -60,7 +63,7 @@ def record_from_spec(spec: TrialSpec) -> Record:
         state_precision=precision, workload=spec.workload, model=spec.model or spec.workload,
         dataset=spec.dataset or "embedded-reviews", seed=spec.seed, device=spec.device, steps=spec.steps,
         warmup_steps=spec.warmup_steps, batch_size=spec.batch_size, seq_len=spec.seq_len, lr=lr,
-        started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        fidelity=spec.fidelity, started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
     )
 
 
@@ -105,6 +108,42 @@ def _lr_lambda(warmup_steps: int):
     return lambda step: min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else 1.0
 
 
+def factored_numel(shapes: Sequence[Sequence[int]]) -> int:
+    """Σ rows + columns over tensors of rank >= 2 (numel for vectors): what a factored second moment keeps.
+
+    Adafactor stores a row and a column statistic per matrix instead of one value per element, so its
+    state grows with this count, not with the parameter count (scaling.py fits it against this).
+    """
+    total = 0
+    for shape in shapes:
+        if len(shape) >= 2:
+            total += math.prod(shape[:-1]) + math.prod(shape[:-2]) * shape[-1]
+        else:
+            total += math.prod(shape)
+    return total
+
+
+def split_peak_memory(record: Record) -> None:
+    """Fill `peak_memory_bytes` and `other_peak_bytes` from the measured peaks.
+
+    On CUDA the allocator's peak counts every live tensor, weights included. On CPU the RSS peak is read
+    as growth over the post-setup baseline, which already holds the weights, so they are added back.
+    What is left after weights, grads and optimizer state is activations and temporaries ("other").
+    On CPU that remainder can come out negative: the baseline is taken after a warm-up backward whose
+    freed buffers the allocator may keep resident and reuse (so grads or state need no new pages), and
+    RSS counts pages rather than tensors. A negative remainder means "no measurable extra", so it is
+    clamped at 0 rather than reported as memory given back.
+    """
+    if record.peak_cuda_allocated_bytes is not None:
+        record.peak_memory_bytes = record.peak_cuda_allocated_bytes
+    elif record.peak_rss_growth_bytes is not None and record.weights_bytes is not None:
+        record.peak_memory_bytes = record.weights_bytes + record.peak_rss_growth_bytes
+    if record.peak_memory_bytes is None or None in (record.weights_bytes, record.grads_bytes, record.state_bytes):
+        return
+    other = record.peak_memory_bytes - record.weights_bytes - record.grads_bytes - record.state_bytes
+    record.other_peak_bytes = max(0, other)
+
+
 def _is_oom(exc: BaseException) -> bool:
     if isinstance(exc, torch.OutOfMemoryError | MemoryError):
         return True
@@ -144,6 +183,7 @@ def _train_and_measure(spec: TrialSpec, record: Record) -> None:
     record.num_params = num_params
     record.weights_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     record.grads_bytes = sum(p.numel() * p.element_size() for p in params)
+    record.factored_numel = factored_numel([tuple(p.shape) for p in params])
     record.analytic_state_bytes = optimizer_spec.analytic_state_bytes([tuple(p.shape) for p in params])
     record.analytic_state_bytes_per_param = record.analytic_state_bytes / num_params
 
@@ -151,6 +191,9 @@ def _train_and_measure(spec: TrialSpec, record: Record) -> None:
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(spec.warmup_steps))
     batches = [{k: v.to(device) for k, v in b.items()}
                for b in _batches(workload.train, spec.batch_size, spec.steps, spec.seed)]
+    # Built before the baseline so its fixed buffers (parameter snapshot + shadow parameters) sit in it;
+    # the shadow's moments appear lazily on its first step and do land in the peaks: hence `fidelity`.
+    probe = UpdateFidelity(optimizer) if spec.fidelity else None
 
     # One forward/backward before the baseline pages in the kernels and warms the allocator, which
     # every optimizer would otherwise be charged for; its gradients are dropped.
@@ -165,24 +208,33 @@ def _train_and_measure(spec: TrialSpec, record: Record) -> None:
     losses: list[float] = []
     progress = _progress(spec, record)
     for step, batch in enumerate(batches):
+        # Three timed intervals: forward/backward [t0, t1], optimizer step [t2, t3], zero_grad and
+        # scheduler [t4, t5]. The gaps between them hold the probes (fidelity, RSS), which are untimed.
         t0 = measure.clock(device)
         loss = model(**batch).loss
         loss.backward()
         t1 = measure.clock(device)
-        optimizer.step()
+        if probe is not None:
+            probe.before_step()
         t2 = measure.clock(device)
+        optimizer.step()
+        t3 = measure.clock(device)
+        if probe is not None:
+            probe.after_step()
         if step == spec.steps - 1 and rss_baseline is not None:
             record.rss_growth_after_step_bytes = measure.current_rss_bytes() - rss_baseline
+        t4 = measure.clock(device)
         optimizer.zero_grad(set_to_none=True)
         scheduler.step()
-        t3 = measure.clock(device)
+        t5 = measure.clock(device)
+        step_time = (t1 - t0) + (t3 - t2) + (t5 - t4)
         loss_value = loss.item()
         losses.append(loss_value)
         if step == 0:
-            record.first_step_s = t3 - t0
+            record.first_step_s = step_time
         elif step >= spec.warmup_steps:
-            step_times.append(t3 - t0)
-            optimizer_times.append(t2 - t1)
+            step_times.append(step_time)
+            optimizer_times.append(t3 - t2)
         progress.update(1)
         progress.set_postfix(loss=f"{loss_value:.3f}", refresh=False)
         if not math.isfinite(loss_value):
@@ -196,6 +248,11 @@ def _train_and_measure(spec: TrialSpec, record: Record) -> None:
         record.peak_rss_growth_bytes = record.peak_rss_bytes - rss_baseline
     record.state_bytes, record.state_bytes_by_key = measure.optimizer_state_bytes(optimizer)
     record.state_bytes_per_param = record.state_bytes / num_params
+    split_peak_memory(record)
+    if probe is not None:
+        record.update_cosine_curve, record.update_rel_error_curve = probe.cosines, probe.rel_errors
+        record.update_cosine_median = median_of(probe.cosines)
+        record.update_rel_error_median = median_of(probe.rel_errors)
     record.step_time_median_s, record.step_time_iqr_s = measure.median_iqr(step_times)
     record.optimizer_step_median_s, record.optimizer_step_iqr_s = measure.median_iqr(optimizer_times)
     if record.step_time_median_s:
