@@ -41,8 +41,10 @@ RELATIVE = ["mem saved % vs adamw", "speed x vs adamw", "acc Δ pts vs adamw"]
 
 
 def job_label(row: pd.Series) -> str:
+    # Fidelity trials carry a shadow AdamW (its memory is in their peaks): they are a job of their own.
+    fidelity = " + fidelity probe" if row.get("fidelity") is True else ""
     return (f"{row['model']} on {row['dataset']}, {row['device']}, {row['steps']} steps x batch "
-            f"{row['batch_size']} x seq {row['seq_len']}")
+            f"{row['batch_size']} x seq {row['seq_len']}{fidelity}")
 
 
 def trials_frame(records: Iterable[Record]) -> pd.DataFrame:
@@ -178,6 +180,12 @@ def render_html(summary: pd.DataFrame, figures: Iterable[Path] = ()) -> str:
             + "\n</body></html>\n")
 
 
+def _spans_model_sizes(trials: pd.DataFrame) -> bool:
+    """True for a scaling sweep: some optimizer has ok trials at two or more parameter counts."""
+    ok = trials[trials["status"] == "ok"]
+    return bool(len(ok)) and bool((ok.groupby("optimizer")["num_params"].nunique() >= 2).any())
+
+
 def write_report(records: list[Record], out_dir: Path, fmt: str = "md", figures: bool = True
                  ) -> tuple[str, list[Path]]:
     """Write report.md, summary.csv and the figures (and report.html for fmt html) into out_dir.
@@ -189,6 +197,10 @@ def write_report(records: list[Record], out_dir: Path, fmt: str = "md", figures:
     trials = trials_frame(records)
     summary = summarize(trials)
     markdown = render_markdown(summary)
+    if _spans_model_sizes(trials):
+        from optbench import scaling
+
+        markdown += "\n" + scaling.render_scaling_markdown(trials)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [out_dir / "report.md", out_dir / "summary.csv"]
     paths[0].write_text(markdown, encoding="utf-8")
@@ -197,6 +209,10 @@ def write_report(records: list[Record], out_dir: Path, fmt: str = "md", figures:
         from optbench.plots import write_plots
 
         paths += write_plots(trials, summary, out_dir)
+        if _spans_model_sizes(trials):
+            from optbench import scaling
+
+            paths.append(scaling.plot_scaling(trials, out_dir / scaling.FIGURE_NAME))
     text = {"md": lambda: markdown, "csv": lambda: summary.to_csv(index=False), "json": lambda: render_json(summary),
             "html": lambda: render_html(summary, [p for p in paths if p.suffix == ".png"])}[fmt]()
     if fmt == "html":

@@ -104,3 +104,22 @@ def test_formats_print_their_own_text_and_always_write_md_and_csv(records, tmp_p
 def test_unknown_format_is_refused(records, tmp_path):
     with pytest.raises(ValueError, match="unknown report format 'pdf'"):
         write_report(records, tmp_path, fmt="pdf")
+
+
+def test_a_sweep_over_model_sizes_gets_the_scaling_fit(tmp_path):
+    sweep = []
+    for width, params in [(32, 1_000_000), (64, 2_000_000), (128, 4_000_000)]:
+        job = {**JOB, "model": f"tiny-bert-h{width}", "workload": f"tiny-w{width}"}
+        sweep.append(Record(trial_id=f"s{width}", optimizer="adamw", status="ok", state_precision="fp32",
+                            num_params=params, state_bytes=8 * params + 400, step_time_median_s=0.01,
+                            **job))
+    markdown, paths = write_report(sweep, tmp_path)
+    assert "State bytes vs parameters: fits" in markdown and "8.0000" in markdown
+    assert tmp_path / "scaling.png" in paths and (tmp_path / "scaling.png").stat().st_size > 0
+
+
+def test_fidelity_trials_are_a_job_of_their_own(records):
+    probe = _ok("f0", "adamw", 0, 100, 900, 0.3, 0.9)
+    probe.fidelity = True
+    frame = trials_frame(records + [probe])
+    assert frame["job"].nunique() == 2
