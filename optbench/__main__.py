@@ -17,6 +17,7 @@ from optbench import optimizers
 from optbench.plan import PRESETS, build_grid
 
 EXIT_USAGE = 2
+EXIT_REGRESSION = 1  # `compare` found a row beyond its thresholds
 
 
 class UsageError(Exception):
@@ -45,6 +46,17 @@ def _positive_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number, got '{text}'") from None
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"must be a positive finite number, got {text}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    """A threshold: '10%', '10' and '10 %' all read as 10 (the unit is in the option's name)."""
+    try:
+        value = float(text.strip().removesuffix("%"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number such as 10 or 10%, got '{text}'") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
     return value
 
 
@@ -96,6 +108,19 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("files", nargs="*", type=Path)
     report.add_argument("--out-dir", type=Path, default=Path("results"),
                         help="where report.md and summary.csv go (default: results/)")
+
+    compare = commands.add_parser("compare", help="BASE vs NEW per optimizer and job; exit 1 on a regression")
+    for name in ("base", "new"):
+        compare.add_argument(name, type=Path, help="results .jsonl, pytest-benchmark .json, or a folder of .json")
+    compare.add_argument("--max-slowdown", type=_non_negative_float, default=10.0, metavar="PCT",
+                         help="step or optimizer-step time growth allowed, in %% (default 10%%)")
+    compare.add_argument("--max-memory-growth", type=_non_negative_float, default=5.0, metavar="PCT",
+                         help="peak-memory or state growth allowed, in %% (default 5%%)")
+    compare.add_argument("--max-accuracy-drop", type=_non_negative_float, default=1.0, metavar="PTS",
+                         help="eval-accuracy drop allowed, in percentage points (default 1.0)")
+    compare.add_argument("--export-github-benchmark", type=Path, metavar="FILE",
+                         help="write NEW's numbers for github-action-benchmark: FILE (customSmallerIsBetter: "
+                              "times, memory) and FILE-accuracy (customBiggerIsBetter)")
     return parser
 
 
@@ -202,6 +227,7 @@ def _summary_line(record) -> str:
 
 
 def _load_records(files: list[Path]):
+    from optbench.benchjson import BenchmarkJsonError, is_benchmark_path, read_benchmark_records
     from optbench.results import ResultsFileError, read_records
 
     records = []
@@ -209,10 +235,10 @@ def _load_records(files: list[Path]):
         try:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                records.extend(read_records(path))
+                records.extend(read_benchmark_records(path) if is_benchmark_path(path) else read_records(path))
             for warning in caught:
                 print(f"optbench: warning: {warning.message}", file=sys.stderr)
-        except (ResultsFileError, UnicodeDecodeError) as exc:
+        except (ResultsFileError, BenchmarkJsonError, UnicodeDecodeError) as exc:
             raise UsageError(str(exc)) from None
     return records
 
@@ -239,6 +265,33 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _compare(args: argparse.Namespace) -> int:
+    from optbench import compare
+
+    runs = {}
+    for role, path in (("BASE", args.base), ("NEW", args.new)):
+        runs[role] = _load_records([path])
+        if not runs[role]:
+            raise UsageError(f"no records in {role} {path}")
+    limits = compare.Thresholds(args.max_slowdown, args.max_memory_growth, args.max_accuracy_drop)
+    try:
+        comparison = compare.compare(runs["BASE"], runs["NEW"], limits)
+    except compare.CompareError as exc:
+        raise UsageError(str(exc)) from None
+    print(compare.render_markdown(comparison))
+    if args.export_github_benchmark:
+        try:
+            paths = compare.export_github_benchmark(comparison, args.export_github_benchmark)
+        except OSError as exc:
+            raise UsageError(f"cannot write {args.export_github_benchmark}: {exc.strerror or exc}") from None
+        print("wrote " + ", ".join(map(str, paths)), file=sys.stderr)
+    if not comparison.regressions:
+        return 0
+    print("Regressions:\n" + "\n".join(f"- {line}" for line in comparison.regressions))
+    print(f"optbench: {len(comparison.regressions)} regression(s) beyond the thresholds", file=sys.stderr)
+    return EXIT_REGRESSION
+
+
 def _list(_: argparse.Namespace) -> int:
     from tabulate import tabulate
 
@@ -252,7 +305,7 @@ def _list(_: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"run": _run, "list": _list, "report": _report}
+COMMANDS = {"run": _run, "list": _list, "report": _report, "compare": _compare}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,160 @@
+"""What the benchmark modules share: suite sizes, a fresh model per benchmark, memory readings, extra_info.
+
+The benchmarks measure with optbench's own pieces (registry, workload, probes, trial, Record), so a
+number here means what the same-named field means in a results file. `extra_info` therefore holds
+Record fields by their Record names, plus `kind`; optbench.benchjson turns it back into Records.
+"""
+
+from __future__ import annotations
+
+import copy
+import ctypes
+import ctypes.util
+import gc
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from optbench import measure
+from optbench.optimizers import OptimizerSpec
+from optbench.plan import PRESETS, TrialSpec
+from optbench.results import Record
+from optbench.trial import device_name, record_from_spec
+
+if TYPE_CHECKING:
+    from optbench.workloads import Workload
+
+# Record fields left out of extra_info: the loss curve is long and the environment goes to machine_info.
+_NOT_IN_EXTRA_INFO = ("loss_curve", "env")
+
+
+@dataclass(frozen=True)
+class BenchSize:
+    """How big each benchmark is for one `--optbench-preset`."""
+
+    preset: str
+    workload: str
+    batch_size: int
+    seq_len: int
+    step_rounds: int  # timed rounds of optimizer.step() alone
+    train_rounds: int  # timed rounds of a whole train step
+    warmup_rounds: int  # untimed rounds first: the first step() creates the state lazily
+    finetune_steps: int  # the short fine-tune (run_trial) whose accuracy lands in extra_info
+    finetune_warmup_steps: int
+    eval_size: int
+    overhead_steps: int  # steps per run in the harness-vs-bare comparison
+    overhead_warmup_steps: int
+    overhead_pairs: int  # (bare, harness) pairs of runs, interleaved in ABBA order
+    overhead_tolerance: float  # |harness / bare - 1| allowed
+
+
+def _size(name: str, workload: str | None = None, **rest: Any) -> BenchSize:
+    """Batch and sequence length come from the `optbench run` preset of the same name."""
+    preset = PRESETS[name]
+    return BenchSize(preset=name, workload=workload or preset.workload, batch_size=preset.batch_size,
+                     seq_len=preset.seq_len, **rest)
+
+
+SIZES: dict[str, BenchSize] = {
+    # CI: the tiny random BERT, a handful of rounds; it proves every path runs, its numbers mean little.
+    # Its ~20 ms steps shift by 20 % from run to run when a neighbour takes a core, so its harness check
+    # only catches gross overhead (a stray sync, a per-step write); the 3 % target is default's and nightly's.
+    "smoke": _size("smoke", workload="tiny", step_rounds=5, train_rounds=5, warmup_rounds=2, finetune_steps=8,
+                   finetune_warmup_steps=2, eval_size=64, overhead_steps=40, overhead_warmup_steps=5,
+                   overhead_pairs=5, overhead_tolerance=0.25),
+    # The MiniLM job of `optbench run` (batch 16, seq 32) sized to finish in about 4 minutes on 2 CPU
+    # cores: a 30-step fine-tune instead of 100 steps (accuracy is lower than the run preset's).
+    "default": _size("default", step_rounds=5, train_rounds=3, warmup_rounds=1, finetune_steps=30,
+                     finetune_warmup_steps=5, eval_size=256, overhead_steps=20, overhead_warmup_steps=4,
+                     overhead_pairs=5, overhead_tolerance=0.03),
+    # GPUs: the nightly preset's job (batch 32, seq 64, 400 steps) and enough rounds for stable medians.
+    "nightly": _size("nightly", step_rounds=50, train_rounds=30, warmup_rounds=5, finetune_steps=400,
+                     finetune_warmup_steps=40, eval_size=1000, overhead_steps=200, overhead_warmup_steps=20,
+                     overhead_pairs=5, overhead_tolerance=0.03),
+}
+
+
+def trial_spec(size: BenchSize, optimizer: str, device: torch.device, **overrides: Any) -> TrialSpec:
+    """The job every benchmark of one optimizer belongs to (same spec, same trial_id, one report row)."""
+    settings: dict[str, Any] = dict(workload=size.workload, device=str(device), steps=size.finetune_steps,
+                                    warmup_steps=size.finetune_warmup_steps, batch_size=size.batch_size,
+                                    seq_len=size.seq_len, eval_size=size.eval_size)
+    return TrialSpec(optimizer=optimizer, **(settings | overrides))
+
+
+def fresh_model(workload: Workload, device: torch.device) -> torch.nn.Module:
+    """A copy of the session's model, so one benchmark's updates never leak into the next one's."""
+    model = copy.deepcopy(workload.model).to(device)
+    model.train()
+    return model
+
+
+def first_batch(workload: Workload, batch_size: int, device: torch.device) -> dict[str, torch.Tensor]:
+    return {k: v[:batch_size].to(device) for k, v in workload.train.items()}
+
+
+def _release_freed_memory() -> None:
+    """Hand freed heap pages back to the OS, so an earlier benchmark's garbage does not hide this one's
+    RSS growth (glibc keeps freed memory mapped unless asked)."""
+    gc.collect()
+    libc_name = ctypes.util.find_library("c")
+    if libc_name:
+        libc = ctypes.CDLL(libc_name)
+        if hasattr(libc, "malloc_trim"):
+            libc.malloc_trim(0)
+
+
+class MemoryWatch:
+    """Peak memory over a region: CUDA peak allocation on GPU, RSS high-water mark and growth on CPU.
+
+    All benchmarks share one process, so on CPU the RSS figures carry the process's history; the
+    per-trial subprocesses of `optbench run` give cleaner CPU peaks.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        _release_freed_memory()
+        measure.synchronize(device)
+        self.rss_baseline_bytes = measure.current_rss_bytes()
+        measure.reset_peaks(device)
+
+    def fill(self, record: Record) -> None:
+        record.peak_cuda_allocated_bytes, record.peak_cuda_reserved_bytes = measure.cuda_peaks(self.device)
+        record.peak_rss_bytes = measure.peak_rss_bytes()
+        if record.peak_rss_bytes is not None and self.rss_baseline_bytes is not None:
+            record.peak_rss_growth_bytes = record.peak_rss_bytes - self.rss_baseline_bytes
+
+
+def measured_record(spec: TrialSpec, optimizer_spec: OptimizerSpec, workload: Workload, model: torch.nn.Module,
+                    optimizer: torch.optim.Optimizer, device: torch.device, memory: MemoryWatch) -> Record:
+    """The job's Record filled with what a step benchmark measured: model size, state bytes, peaks."""
+    record = record_from_spec(spec)
+    record.status = "ok"
+    record.device, record.device_name = str(device), device_name(device)
+    record.model, record.dataset = workload.model_name, workload.dataset_name
+    params = [p for p in model.parameters() if p.requires_grad]
+    record.num_params = sum(p.numel() for p in params)
+    record.weights_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    record.grads_bytes = sum(p.numel() * p.element_size() for p in params)
+    record.analytic_state_bytes = optimizer_spec.analytic_state_bytes([tuple(p.shape) for p in params])
+    record.analytic_state_bytes_per_param = record.analytic_state_bytes / record.num_params
+    record.state_bytes, record.state_bytes_by_key = measure.optimizer_state_bytes(optimizer)
+    record.state_bytes_per_param = record.state_bytes / record.num_params
+    memory.fill(record)
+    return record
+
+
+def extra_info(kind: str, record: Record) -> dict[str, Any]:
+    """The benchmark's extra_info: `kind` plus the Record's fields under their Record names."""
+    data = {k: v for k, v in record.to_dict().items() if k not in _NOT_IN_EXTRA_INFO}
+    return {"kind": kind, **data}
+
+
+def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: dict[str, torch.Tensor],
+               device: torch.device) -> None:
+    """One whole step as every fine-tuning loop does it, finished on the device before returning."""
+    model(**batch).loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    measure.synchronize(device)

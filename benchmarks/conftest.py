@@ -1,0 +1,85 @@
+"""Benchmark-suite plumbing: the `--optbench-preset` size, one workload per session, the registry as params.
+
+The workload (MiniLM: ~3 s to build) is built once per session; bitsandbytes (~5 s to import) is
+imported by the registry the first time an 8-bit optimizer is built. Every optimizer of the registry
+becomes a parameter; one whose library is missing here is skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+import pytest
+import torch
+from bench_support import SIZES, BenchSize, trial_spec
+
+from optbench.optimizers import REGISTRY, OptimizerSpec
+
+if TYPE_CHECKING:
+    from optbench.workloads import Workload
+
+# Set before anything imports datasets or transformers (the workload fixture does): never touch the network.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+PRESET_ENV = "OPTBENCH_PRESET"
+# Versions that decide what a benchmark number means; compared runs with different values get a warning.
+_MACHINE_KEYS = ("gpu", "cuda", "torch", "transformers", "datasets", "bitsandbytes", "torchao", "torch_threads")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.getgroup("optbench").addoption(
+        "--optbench-preset", choices=sorted(SIZES), default=None,
+        help=f"benchmark size: smoke (tiny BERT, CI), default (MiniLM, ~4 min on 2 CPU cores), nightly (GPU); "
+             f"default: ${PRESET_ENV} or 'default'")
+
+
+def _preset_name(config: pytest.Config) -> str:
+    name = config.getoption("--optbench-preset") or os.environ.get(PRESET_ENV) or "default"
+    if name not in SIZES:
+        raise pytest.UsageError(f"{PRESET_ENV}={name!r} is not a preset; pick one of {', '.join(sorted(SIZES))}")
+    return name
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _preset_name(config)  # a bad OPTBENCH_PRESET fails at start-up, not after the first benchmark
+
+
+def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: dict) -> None:
+    from optbench.results import environment
+
+    env = environment()
+    machine_info.update({key: env.get(key) for key in _MACHINE_KEYS})
+    machine_info["optbench_preset"] = _preset_name(config)
+
+
+@pytest.fixture(scope="session")
+def bench_size(pytestconfig: pytest.Config) -> BenchSize:
+    return SIZES[_preset_name(pytestconfig)]
+
+
+@pytest.fixture(scope="session")
+def device() -> torch.device:
+    from optbench.trial import resolve_device
+
+    return resolve_device("auto")
+
+
+@pytest.fixture(scope="session")
+def workload(bench_size: BenchSize, device: torch.device) -> Workload:
+    """Built once; each benchmark trains a copy of its model (bench_support.fresh_model)."""
+    from optbench.workloads import build_workload
+
+    return build_workload(trial_spec(bench_size, "adamw", device))
+
+
+@pytest.fixture(params=list(REGISTRY), ids=list(REGISTRY))
+def optimizer_spec(request: pytest.FixtureRequest) -> OptimizerSpec:
+    spec = REGISTRY[request.param]
+    reason = spec.unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"{spec.name} unavailable here: {reason}")
+    return spec

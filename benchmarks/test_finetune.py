@@ -1,0 +1,20 @@
+"""A short fine-tune through the harness itself (optbench.trial.run_trial): accuracy next to the costs.
+
+The benchmark's time is the whole trial (build, train, evaluate); the steady-state step medians the
+harness measured, the accuracy, state bytes and peaks are in extra_info under their Record names.
+"""
+
+from __future__ import annotations
+
+from bench_support import extra_info, trial_spec
+
+from optbench.trial import run_trial
+
+
+def test_finetune(benchmark, optimizer_spec, bench_size, device):
+    spec = trial_spec(bench_size, optimizer_spec.name, device)
+    benchmark.group = f"fine-tune: {spec.workload}, {spec.steps} steps x batch {spec.batch_size} on {device}"
+    record = benchmark.pedantic(run_trial, args=(spec,), rounds=1, iterations=1)
+    benchmark.extra_info.update(extra_info("finetune", record))
+    assert record.status == "ok", record.error
+    assert 0.0 <= record.eval_accuracy <= 1.0

@@ -1,0 +1,82 @@
+"""The harness's recorded step time must be the step's own time: within a few percent of a bare loop.
+
+The harness (optbench.trial) wraps each step in clock reads, a device sync, a loss read-back, a
+scheduler step and a progress bar; this checks that all of it together stays under the tolerance
+(3 % on the MiniLM job). Shared machines are noisy, so both run in this one process, interleaved
+(bare, harness, harness, bare, ...), and the medians of the per-run medians are compared. Load from
+other processes only ever slows a run down, and a 2-thread torch on a busy 2-core machine slows down
+many-fold, so the check means something only on an otherwise idle machine.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+
+import torch
+from bench_support import BenchSize, extra_info, train_step, trial_spec
+
+from optbench import measure
+from optbench.optimizers import resolve
+from optbench.plan import TrialSpec
+from optbench.trial import _batches, run_trial
+from optbench.workloads import build_workload
+
+HARNESS_EVAL_SIZE = 32  # the harness evaluates after training; this check does not need the accuracy
+
+
+def bare_step_median_s(spec: TrialSpec, device: torch.device) -> float:
+    """The same job without the harness: same model build, batches and optimizer; the median step over
+    the steps the harness's median covers."""
+    workload = build_workload(spec)
+    model = workload.model.to(device)
+    model.train()
+    optimizer = resolve(spec.optimizer).build([p for p in model.parameters() if p.requires_grad], lr=spec.lr)
+    batches = [{k: v.to(device) for k, v in batch.items()}
+               for batch in _batches(workload.train, spec.batch_size, spec.steps, spec.seed)]
+    gc.collect()
+    times = []
+    for batch in batches:
+        start = measure.clock(device)
+        train_step(model, optimizer, batch, device)
+        times.append(measure.clock(device) - start)
+    # The harness keeps step 0 (state creation) and the warm-up steps out of its median; so does this.
+    return statistics.median(times[max(1, spec.warmup_steps):])
+
+
+def test_harness_step_time_matches_a_bare_loop(benchmark, bench_size: BenchSize, device):
+    spec = trial_spec(bench_size, "adamw", device, steps=bench_size.overhead_steps,
+                      warmup_steps=bench_size.overhead_warmup_steps, eval_size=HARNESS_EVAL_SIZE)
+    bare_s: list[float] = []
+    harness_s: list[float] = []
+    records = []
+
+    def run_bare() -> None:
+        bare_s.append(bare_step_median_s(spec, device))
+
+    def run_harness() -> None:
+        records.append(run_trial(spec))
+        harness_s.append(records[-1].step_time_median_s or float("nan"))
+
+    def interleaved() -> None:
+        # ABBA order (bare, harness, harness, bare, ...): a load that drifts during the check hits both alike.
+        for pair in range(bench_size.overhead_pairs):
+            for run in (run_bare, run_harness) if pair % 2 == 0 else (run_harness, run_bare):
+                run()
+
+    benchmark.group = f"harness overhead: {spec.workload} on {device}"
+    benchmark.pedantic(interleaved, rounds=1, iterations=1)
+    bare, harness = statistics.median(bare_s), statistics.median(harness_s)
+    ratio = harness / bare
+    # How far the bare runs disagree among themselves: the noise floor this machine had during the check.
+    bare_spread = (max(bare_s) - min(bare_s)) / bare
+    benchmark.extra_info.update(extra_info("harness_overhead", records[-1]))
+    benchmark.extra_info.update(bare_step_median_s=bare, harness_step_median_s=harness,
+                                harness_to_bare_ratio=ratio, bare_run_medians_s=bare_s,
+                                harness_run_medians_s=harness_s, bare_run_spread=bare_spread,
+                                tolerance=bench_size.overhead_tolerance)
+    assert all(r.status == "ok" for r in records), [r.error for r in records]
+    assert abs(ratio - 1) <= bench_size.overhead_tolerance, (
+        f"harness median step {harness * 1e3:.1f} ms vs bare loop {bare * 1e3:.1f} ms: ratio {ratio:.3f}; "
+        f"per run: harness {[round(t * 1e3, 1) for t in harness_s]} ms, bare {[round(t * 1e3, 1) for t in bare_s]} "
+        f"ms (bare runs spread {bare_spread:.0%}: more than the tolerance means the machine was too busy to tell)")

@@ -1,0 +1,25 @@
+"""`optimizer.step()` alone, on the workload's real gradients: the cost the optimizer itself adds."""
+
+from __future__ import annotations
+
+from bench_support import MemoryWatch, extra_info, first_batch, fresh_model, measured_record, trial_spec
+
+from optbench import measure
+
+
+def test_optimizer_step(benchmark, optimizer_spec, workload, bench_size, device):
+    spec = trial_spec(bench_size, optimizer_spec.name, device)
+    model = fresh_model(workload, device)
+    model(**first_batch(workload, bench_size.batch_size, device)).loss.backward()  # real gradients, kept
+    optimizer = optimizer_spec.build([p for p in model.parameters() if p.requires_grad])
+    memory = MemoryWatch(device)
+
+    def step() -> None:
+        optimizer.step()
+        measure.synchronize(device)
+
+    benchmark.group = f"optimizer.step: {workload.name} on {device}"
+    # The warm-up rounds absorb the first step(), which allocates the state (and compiles, for torchao).
+    benchmark.pedantic(step, rounds=bench_size.step_rounds, warmup_rounds=bench_size.warmup_rounds, iterations=1)
+    record = measured_record(spec, optimizer_spec, workload, model, optimizer, device, memory)
+    benchmark.extra_info.update(extra_info("optimizer_step", record))

@@ -1,0 +1,22 @@
+"""One whole train step (forward, backward, step, zero_grad): what the optimizer costs in context."""
+
+from __future__ import annotations
+
+from bench_support import MemoryWatch, extra_info, first_batch, fresh_model, measured_record, train_step, trial_spec
+
+
+def test_train_step(benchmark, optimizer_spec, workload, bench_size, device):
+    spec = trial_spec(bench_size, optimizer_spec.name, device)
+    model = fresh_model(workload, device)
+    batch = first_batch(workload, bench_size.batch_size, device)
+    optimizer = optimizer_spec.build([p for p in model.parameters() if p.requires_grad])
+    # As in the trial: one forward/backward before the memory baseline pages the kernels in; grads dropped.
+    model(**batch).loss.backward()
+    model.zero_grad(set_to_none=True)
+    memory = MemoryWatch(device)
+
+    benchmark.group = f"train step: {workload.name}, batch {spec.batch_size} x seq {spec.seq_len} on {device}"
+    benchmark.pedantic(train_step, args=(model, optimizer, batch, device), rounds=bench_size.train_rounds,
+                       warmup_rounds=bench_size.warmup_rounds, iterations=1)
+    record = measured_record(spec, optimizer_spec, workload, model, optimizer, device, memory)
+    benchmark.extra_info.update(extra_info("train_step", record))
