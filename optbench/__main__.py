@@ -1,4 +1,4 @@
-"""Command line: `python -m optbench run | list | report`.
+"""Command line: `python -m optbench run | list | report | compare | estimate`.
 
 Usage errors (unknown optimizer, bad numbers, missing files or columns) print one line on stderr and
 exit with 2; nothing here prints a traceback for bad input. torch and friends are imported only by the
@@ -71,6 +71,24 @@ def _name_list(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
 
 
+def _param_count(text: str) -> int:
+    from optbench.estimate import EstimateError, parse_count
+
+    try:
+        return parse_count(text)
+    except EstimateError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _memory_size(text: str) -> int:
+    from optbench.estimate import EstimateError, parse_bytes
+
+    try:
+        return parse_bytes(text)
+    except EstimateError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="optbench", description="Which optimizer fits my memory budget, at what cost?")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -107,7 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
     report = commands.add_parser("report", help="tabulate results files (default: results/*.jsonl)")
     report.add_argument("files", nargs="*", type=Path)
     report.add_argument("--out-dir", type=Path, default=Path("results"),
-                        help="where report.md and summary.csv go (default: results/)")
+                        help="where report.md, summary.csv and the PNG figures go (default: results/)")
+    report.add_argument("--format", choices=["md", "csv", "json", "html"], default="md",
+                        help="what is printed (md default); html also writes report.html with the figures")
 
     compare = commands.add_parser("compare", help="BASE vs NEW per optimizer and job; exit 1 on a regression")
     for name in ("base", "new"):
@@ -121,6 +141,17 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--export-github-benchmark", type=Path, metavar="FILE",
                          help="write NEW's numbers for github-action-benchmark: FILE (customSmallerIsBetter: "
                               "times, memory) and FILE-accuracy (customBiggerIsBetter)")
+
+    estimate = commands.add_parser("estimate", help="weights + grads + optimizer state memory, before running")
+    size = estimate.add_mutually_exclusive_group(required=True)
+    size.add_argument("--params", type=_param_count, help="parameter count: 65783042, 7e9 or 7B")
+    size.add_argument("--model", help="local model folder or HF id: counted from its config on the meta device")
+    estimate.add_argument("--num-labels", type=_positive_int,
+                          help="with --model: add a sequence-classification head with this many classes")
+    estimate.add_argument("--results", type=Path, help="results file: use its measured state bytes/param")
+    estimate.add_argument("--gpus", type=_positive_int, default=1,
+                          help="data-parallel GPUs; >1 adds a ZeRO-1 column (optimizer state sharded)")
+    estimate.add_argument("--gpu-memory", type=_memory_size, help="memory per GPU, e.g. 80GiB, 24GB: says what fits")
     return parser
 
 
@@ -243,7 +274,7 @@ def _load_records(files: list[Path]):
     return records
 
 
-def _print_report(files: list[Path], out_dir: Path | None) -> None:
+def _print_report(files: list[Path], out_dir: Path | None, fmt: str = "md") -> None:
     from optbench.report import render_markdown, summarize, trials_frame, write_report
 
     records = _load_records(files)
@@ -252,8 +283,11 @@ def _print_report(files: list[Path], out_dir: Path | None) -> None:
     if out_dir is None:
         print(render_markdown(summarize(trials_frame(records))))
         return
-    markdown, paths = write_report(records, out_dir)
-    print(markdown)
+    try:
+        text, paths = write_report(records, out_dir, fmt=fmt)
+    except OSError as exc:
+        raise UsageError(f"cannot write the report into {out_dir}: {exc.strerror or exc}") from None
+    print(text, end="" if text.endswith("\n") else "\n")
     print("wrote " + ", ".join(map(str, paths)), file=sys.stderr)
 
 
@@ -261,7 +295,7 @@ def _report(args: argparse.Namespace) -> int:
     files = args.files or sorted(Path("results").glob("*.jsonl"))
     if not files:
         raise UsageError("no results files given and none in results/ (run `python -m optbench run` first)")
-    _print_report(files, args.out_dir)
+    _print_report(files, args.out_dir, args.format)
     return 0
 
 
@@ -292,6 +326,21 @@ def _compare(args: argparse.Namespace) -> int:
     return EXIT_REGRESSION
 
 
+def _estimate(args: argparse.Namespace) -> int:
+    from optbench import estimate
+
+    if args.num_labels and args.params:
+        raise UsageError("--num-labels needs --model (a --params count already includes any head)")
+    try:
+        size = (estimate.size_from_count(args.params) if args.params
+                else estimate.size_from_model(args.model, args.num_labels))
+    except estimate.EstimateError as exc:
+        raise UsageError(str(exc)) from None
+    measured = estimate.measured_bytes_per_param(_load_records([args.results])) if args.results else None
+    print(estimate.render(estimate.estimate(size, measured), size, args.gpus, args.gpu_memory))
+    return 0
+
+
 def _list(_: argparse.Namespace) -> int:
     from tabulate import tabulate
 
@@ -300,12 +349,12 @@ def _list(_: argparse.Namespace) -> int:
         reason = spec.unavailable_reason()
         rows.append([spec.name, ", ".join(spec.aliases), spec.precision, f"{spec.nominal_bytes_per_param:.3f}",
                      f"{spec.default_lr:g}", "yes" if reason is None else f"no: {reason}", spec.description])
-    print(tabulate(rows, headers=["optimizer", "aliases", "precision", "state B/param (large matrix)",
+    print(tabulate(rows, headers=["optimizer", "aliases", "precision", "state B/param (1024x1024 matrix)",
                                   "default lr", "available", "what"], tablefmt="github"))
     return 0
 
 
-COMMANDS = {"run": _run, "list": _list, "report": _report, "compare": _compare}
+COMMANDS = {"run": _run, "list": _list, "report": _report, "estimate": _estimate, "compare": _compare}
 
 
 def main(argv: list[str] | None = None) -> int:
