@@ -28,6 +28,8 @@ def test_sweep_of_the_three_optimizers_then_report(tmp_path):
     by_name = {r["optimizer"]: r for r in records}
     assert by_name["adamw"]["state_bytes_per_param"] > 8.0 > 2 * by_name["adamw8bit"]["state_bytes_per_param"]
     assert by_name["adafactor"]["state_bytes_per_param"] < 0.5
+    # A fresh process per trial: the state allocated after the baseline shows up as RSS growth.
+    assert by_name["adamw"]["peak_rss_growth_bytes"] > by_name["adamw"]["state_bytes"] / 2
     assert result.stdout.count(" ok ") >= 3  # one summary line per trial
 
     again = optbench("run", *TINY_RUN, "--out", out)  # resume: everything is already ok

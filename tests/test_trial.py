@@ -17,7 +17,9 @@ def test_trial_fills_the_record(name):
     assert record.num_params > 1_000_000 and record.weights_bytes == record.grads_bytes == 4 * record.num_params
     assert record.device == "cpu" and record.device_name
     assert record.peak_cuda_allocated_bytes is None
-    assert record.peak_rss_bytes > record.peak_rss_growth_bytes > 0
+    # In this long-lived test process freed memory is reused, so growth may read 0 here; the fresh
+    # process of a real trial is checked in test_cli.
+    assert record.peak_rss_bytes > record.peak_rss_growth_bytes >= 0
     assert len(record.loss_curve) == 6 and record.train_loss_final > 0
     assert record.first_step_s > 0 and record.step_time_median_s > record.optimizer_step_median_s > 0
     assert record.step_time_iqr_s >= 0 and record.samples_per_s == pytest.approx(4 / record.step_time_median_s)
