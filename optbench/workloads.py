@@ -128,6 +128,7 @@ def build_workload(spec: TrialSpec) -> Workload:
 
     # The load report ("classifier.weight MISSING") is expected for a fresh head; keep trial logs quiet.
     transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()  # the trial's own progress bar is the one to watch
 
     source = _model_source(spec)
     train, held_out, dataset_name = load_splits(spec)
