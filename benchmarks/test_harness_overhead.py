@@ -19,7 +19,7 @@ from bench_support import BenchSize, extra_info, train_step, trial_spec
 from optbench import measure
 from optbench.optimizers import resolve
 from optbench.plan import TrialSpec
-from optbench.trial import _batches, run_trial
+from optbench.trial import run_trial, train_batches
 from optbench.workloads import build_workload
 
 HARNESS_EVAL_SIZE = 32  # the harness evaluates after training; this check does not need the accuracy
@@ -33,7 +33,7 @@ def bare_step_median_s(spec: TrialSpec, device: torch.device) -> float:
     model.train()
     optimizer = resolve(spec.optimizer).build([p for p in model.parameters() if p.requires_grad], lr=spec.lr)
     batches = [{k: v.to(device) for k, v in batch.items()}
-               for batch in _batches(workload.train, spec.batch_size, spec.steps, spec.seed)]
+               for batch in train_batches(workload.train, spec.batch_size, spec.steps, spec.seed)]
     gc.collect()
     times = []
     for batch in batches:

@@ -67,7 +67,7 @@ def record_from_spec(spec: TrialSpec) -> Record:
     )
 
 
-def _batches(train: dict[str, torch.Tensor], batch_size: int, steps: int, seed: int):
+def train_batches(train: dict[str, torch.Tensor], batch_size: int, steps: int, seed: int):
     """`steps` batches, reshuffling each epoch from the trial's seed (same order for every optimizer)."""
     generator = torch.Generator().manual_seed(seed)
     rows = train["labels"].shape[0]
@@ -190,7 +190,7 @@ def _train_and_measure(spec: TrialSpec, record: Record) -> None:
     optimizer = optimizer_spec.build(params, lr=record.lr, **spec.optimizer_kwargs)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(spec.warmup_steps))
     batches = [{k: v.to(device) for k, v in b.items()}
-               for b in _batches(workload.train, spec.batch_size, spec.steps, spec.seed)]
+               for b in train_batches(workload.train, spec.batch_size, spec.steps, spec.seed)]
     # Built before the baseline so its fixed buffers (parameter snapshot + shadow parameters) sit in it;
     # the shadow's moments appear lazily on its first step and do land in the peaks: hence `fidelity`.
     probe = UpdateFidelity(optimizer) if spec.fidelity else None
