@@ -189,7 +189,7 @@ def _git_commit() -> str | None:
     return out.stdout.strip() or None if out.returncode == 0 else None
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -207,7 +207,7 @@ def environment(packages: Iterable[str] = ("torch", "transformers", "datasets", 
     env: dict[str, Any] = {"python": sys.version.split()[0], "platform": platform.platform()}
     env.update({name: _version(name) for name in packages})
     env["cuda"] = torch.version.cuda
-    env["cpu"] = _cpu_name()
+    env["cpu"] = cpu_name()
     env["cpu_count"] = os.cpu_count()
     env["torch_threads"] = torch.get_num_threads()
     env["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None

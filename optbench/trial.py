@@ -27,7 +27,7 @@ from optbench import measure
 from optbench.fidelity import UpdateFidelity, median_of
 from optbench.optimizers import resolve
 from optbench.plan import TrialSpec
-from optbench.results import Record, environment
+from optbench.results import Record, cpu_name, environment
 
 DIVERGENCE_FACTOR = 3.0  # final loss this many times the first loss (or non-finite) → diverged
 
@@ -48,7 +48,7 @@ def resolve_device(name: str) -> torch.device:
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    return environment(packages=())["cpu"]
+    return cpu_name()
 
 
 def record_from_spec(spec: TrialSpec) -> Record:
