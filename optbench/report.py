@@ -9,13 +9,14 @@ html page with the figures (plots.py, imported only when figures are written).
 from __future__ import annotations
 
 import base64
+import dataclasses
 import html
 from collections.abc import Iterable
 from pathlib import Path
 
 import pandas as pd
 
-from optbench.results import Record
+from optbench.results import Record, split_peak_memory
 
 MIB = 2**20
 REFERENCE = "adamw"
@@ -49,7 +50,12 @@ def job_label(row: pd.Series) -> str:
 
 def trials_frame(records: Iterable[Record]) -> pd.DataFrame:
     """One row per trial (latest record per trial_id), with derived unit columns."""
-    frame = pd.DataFrame([r.to_dict() for r in records])
+    rows = []
+    for record in records:
+        row = dataclasses.replace(record)  # a copy: the caller's records stay as they were read
+        split_peak_memory(row)  # records from benchmark JSON or older files may lack the split
+        rows.append(row.to_dict())
+    frame = pd.DataFrame(rows)
     if frame.empty:
         return frame
     frame = frame.drop_duplicates("trial_id", keep="last").reset_index(drop=True)
@@ -65,7 +71,7 @@ def trials_frame(records: Iterable[Record]) -> pd.DataFrame:
     frame["held_mib"] = frame["rss_growth_after_step_bytes"].where(~on_cuda) / MIB
     frame["step_ms"] = frame["step_time_median_s"] * 1e3
     frame["opt_step_ms"] = frame["optimizer_step_median_s"] * 1e3
-    _add_memory_parts(frame, on_cuda)
+    _add_memory_parts(frame)
     for name in ("update_cosine_median", "update_rel_error_median"):
         frame[name] = _numeric(frame, name)
     return frame
@@ -78,17 +84,10 @@ def _numeric(frame: pd.DataFrame, name: str) -> pd.Series:
     return pd.to_numeric(frame[name], errors="coerce")
 
 
-def _add_memory_parts(frame: pd.DataFrame, on_cuda: pd.Series) -> None:
-    """Peak training memory and its parts in MiB. Records without `peak_memory_bytes` get it the way the
-    trial defines it: the CUDA allocator peak, or on CPU weights + peak RSS growth (the RSS baseline
-    already holds the weights); the rest is whatever the peak holds beyond weights, grads and state."""
-    weights, grads, state = (_numeric(frame, n) for n in ("weights_bytes", "grads_bytes", "state_bytes"))
-    fallback = _numeric(frame, "peak_cuda_allocated_bytes").where(on_cuda,
-                                                                  weights + _numeric(frame, "peak_rss_growth_bytes"))
-    peak = _numeric(frame, "peak_memory_bytes").fillna(fallback)
-    other = _numeric(frame, "other_peak_bytes").fillna(peak - weights - grads - state)
-    frame["weights_mib"], frame["grads_mib"] = weights / MIB, grads / MIB
-    frame["peak_memory_mib"], frame["other_peak_mib"] = peak / MIB, other / MIB
+def _add_memory_parts(frame: pd.DataFrame) -> None:
+    """Peak training memory and its parts in MiB (the split itself is results.split_peak_memory's)."""
+    for name in ("weights", "grads", "peak_memory", "other_peak"):
+        frame[f"{name}_mib"] = _numeric(frame, f"{name}_bytes") / MIB
 
 
 def summarize(frame: pd.DataFrame) -> pd.DataFrame:

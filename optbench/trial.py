@@ -27,7 +27,7 @@ from optbench import measure
 from optbench.fidelity import UpdateFidelity, median_of
 from optbench.optimizers import resolve
 from optbench.plan import TrialSpec
-from optbench.results import Record, cpu_name, environment
+from optbench.results import Record, cpu_name, environment, split_peak_memory
 
 DIVERGENCE_FACTOR = 3.0  # final loss this many times the first loss (or non-finite) → diverged
 
@@ -121,27 +121,6 @@ def factored_numel(shapes: Sequence[Sequence[int]]) -> int:
         else:
             total += math.prod(shape)
     return total
-
-
-def split_peak_memory(record: Record) -> None:
-    """Fill `peak_memory_bytes` and `other_peak_bytes` from the measured peaks.
-
-    On CUDA the allocator's peak counts every live tensor, weights included. On CPU the RSS peak is read
-    as growth over the post-setup baseline, which already holds the weights, so they are added back.
-    What is left after weights, grads and optimizer state is activations and temporaries ("other").
-    On CPU that remainder can come out negative: the baseline is taken after a warm-up backward whose
-    freed buffers the allocator may keep resident and reuse (so grads or state need no new pages), and
-    RSS counts pages rather than tensors. A negative remainder means "no measurable extra", so it is
-    clamped at 0 rather than reported as memory given back.
-    """
-    if record.peak_cuda_allocated_bytes is not None:
-        record.peak_memory_bytes = record.peak_cuda_allocated_bytes
-    elif record.peak_rss_growth_bytes is not None and record.weights_bytes is not None:
-        record.peak_memory_bytes = record.weights_bytes + record.peak_rss_growth_bytes
-    if record.peak_memory_bytes is None or None in (record.weights_bytes, record.grads_bytes, record.state_bytes):
-        return
-    other = record.peak_memory_bytes - record.weights_bytes - record.grads_bytes - record.state_bytes
-    record.other_peak_bytes = max(0, other)
 
 
 def _is_oom(exc: BaseException) -> bool:

@@ -6,8 +6,8 @@ from optbench import measure, optimizers
 from optbench.__main__ import main
 from optbench.fidelity import UpdateFidelity, reference_settings
 from optbench.plan import TrialSpec
-from optbench.results import Record, append_record
-from optbench.trial import run_trial, split_peak_memory
+from optbench.results import Record, append_record, split_peak_memory
+from optbench.trial import run_trial
 
 TINY = dict(workload="tiny", steps=4, warmup_steps=1, batch_size=4, seq_len=16, eval_size=16)
 
