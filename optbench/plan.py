@@ -38,6 +38,10 @@ PRESETS: dict[str, Preset] = {
 }
 
 
+_NOT_IN_ID = ("timeout_s", "max_memory_bytes")
+_LATER_FIELDS = ("stage", "val_fraction", "precision", "eval_every", "target", "engine", "parallel", "nproc")
+
+
 @dataclass(frozen=True)
 class TrialSpec:
     optimizer: str
@@ -57,11 +61,23 @@ class TrialSpec:
     optimizer_kwargs: dict[str, Any] = field(default_factory=dict)
     fidelity: bool = False  # also run a shadow fp32 AdamW and record update cosine / relative error
     timeout_s: float = 900.0
+    # Added after schema 1: left out of trial_id while at their defaults, so older results still resume.
+    stage: str | None = None  # "tune": score on a validation split carved from train; "final" / None: eval split
+    val_fraction: float = 0.1  # share of the training rows held out as the validation split (tune stage)
+    precision: str = "fp32"  # fp32 | bf16-autocast | fp16-autocast | bf16
+    eval_every: int = 0  # evaluate a fixed eval subset every K steps (outside the timed intervals); 0: never
+    target: float | None = None  # time-to-target threshold on the workload's target metric
+    engine: str = "native"  # native | trainer | accelerate
+    parallel: str = "none"  # none | ddp | zero1 | fsdp2
+    nproc: int = 1  # processes (ranks) for a parallel mode
+    max_memory_bytes: int | None = None  # cap on the trial child's address space (RLIMIT_AS); not in trial_id
 
     @property
     def trial_id(self) -> str:
-        """Stable hash of the settings that change the measurement (timeout does not)."""
-        data = {k: v for k, v in self.to_dict().items() if k != "timeout_s"}
+        """Stable hash of the settings that change the measurement (timeout and memory cap do not)."""
+        defaults = {f.name: f.default for f in dataclasses.fields(self) if f.name in _LATER_FIELDS}
+        data = {k: v for k, v in self.to_dict().items()
+                if k not in _NOT_IN_ID and not (k in defaults and v == defaults[k])}
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
     def to_dict(self) -> dict[str, Any]:

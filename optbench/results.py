@@ -95,6 +95,38 @@ class Record:
     update_rel_error_median: float | None = None
     update_cosine_curve: list[float | None] = field(default_factory=list)
     update_rel_error_curve: list[float | None] = field(default_factory=list)
+    # how it ran (engine x parallel mode x precision); see DESIGN.md "Growing the design"
+    stage: str | None = None  # "tune" (scored on the validation split) | "final" | None (plain `run`)
+    engine: str = "native"  # native | trainer | accelerate
+    parallel: str = "none"  # none | ddp | zero1 | fsdp2
+    world_size: int = 1
+    per_rank: list[dict[str, Any]] = field(default_factory=list)  # each rank's state/memory/time figures
+    precision: str = "fp32"  # fp32 | bf16-autocast | fp16-autocast | bf16 (bf16 weights, no fp32 master)
+    param_dtype: str = "float32"
+    autocast_dtype: str | None = None
+    # optimizer-side measurements beyond bytes
+    fp32_state_fraction: float | None = None  # share of parameters whose state stays full precision
+    optimizer_step_traffic_bytes: int | None = None  # bytes one step must read + write (analytic)
+    device_copy_bandwidth_bytes_per_s: float | None = None  # measured once per trial, large tensor copy
+    roofline_fraction: float | None = None  # traffic / optimizer-step median / copy bandwidth
+    paged: bool | None = None  # None: not a paged optimizer; False: asked for paging, fell back (why in paged_reason)
+    paged_reason: str | None = None
+    # per-step samples after warm-up (seconds), so `compare` can test against the distribution
+    step_time_samples_s: list[float] = field(default_factory=list)
+    optimizer_step_samples_s: list[float] = field(default_factory=list)
+    # workload metrics: eval_metrics on the eval split; val_metrics on the validation split carved from
+    # the training data (tune stage). target_metric names the workload's headline metric in those dicts,
+    # target_mode says whether larger ("max") or smaller ("min") is better.
+    eval_metrics: dict[str, float] = field(default_factory=dict)
+    val_metrics: dict[str, float] = field(default_factory=dict)
+    val_metric: float | None = None  # val_metrics[target_metric]
+    val_accuracy: float | None = None  # val_metrics["accuracy"] where the workload has one
+    target_metric: str = "accuracy"
+    target_mode: str = "max"
+    eval_curve: list[list[float]] = field(default_factory=list)  # [step, training seconds, target metric]
+    target_value: float | None = None  # the threshold time-to-target was measured against
+    steps_to_target: int | None = None
+    time_to_target_s: float | None = None
     # bookkeeping
     wall_s: float | None = None
     started_at: str = ""
