@@ -96,6 +96,7 @@ class Record:
     update_cosine_curve: list[float | None] = field(default_factory=list)
     update_rel_error_curve: list[float | None] = field(default_factory=list)
     # how it ran (engine x parallel mode x precision); see DESIGN.md "Growing the design"
+    pretrained: bool | None = None  # False: the model started from random init (training from scratch)
     stage: str | None = None  # "tune" (scored on the validation split) | "final" | None (plain `run`)
     engine: str = "native"  # native | trainer | accelerate
     parallel: str = "none"  # none | ddp | zero1 | fsdp2
