@@ -9,7 +9,7 @@ from optbench.plan import TrialSpec
 from optbench.results import Record, append_record, split_peak_memory
 from optbench.trial import run_trial
 
-TINY = dict(workload="tiny", steps=4, warmup_steps=1, batch_size=4, seq_len=16, eval_size=16)
+TINY = dict(workload="tiny", device="cpu", steps=4, warmup_steps=1, batch_size=4, seq_len=16, eval_size=16)
 
 
 @pytest.fixture(scope="module")
