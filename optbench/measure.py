@@ -25,7 +25,6 @@ from typing import Any
 
 import torch
 
-MIB = 2**20
 _STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
 
