@@ -270,8 +270,16 @@ def _summary_line(record) -> str:
               if record.peak_cuda_allocated_bytes is not None
               else f"peak RSS {record.peak_rss_bytes / mib:,.0f} MiB (+{record.peak_rss_growth_bytes / mib:,.0f})")
     return (f"{head} state {record.state_bytes / mib:,.1f} MiB ({record.state_bytes_per_param:.3f} B/param), "
-            f"{memory}, step {record.step_time_median_s * 1e3:,.0f} ms, acc {record.eval_accuracy:.3f}"
+            f"{memory}, step {record.step_time_median_s * 1e3:,.0f} ms, {_headline(record)}"
             f" [{record.wall_s:.0f} s]")
+
+
+def _headline(record) -> str:
+    """The workload's target metric, from whichever split the trial was scored on."""
+    metrics = record.val_metrics if record.stage == "tune" else record.eval_metrics
+    value = metrics.get(record.target_metric)
+    split = "val" if record.stage == "tune" else "eval"
+    return f"{split} {record.target_metric} {value:.4g}" if value is not None else f"no {record.target_metric}"
 
 
 def _load_records(files: list[Path]):
