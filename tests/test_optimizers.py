@@ -1,99 +1,258 @@
-"""The registry and the state accounting, on hand-built parameter sets with hand-computed byte counts."""
+"""The registry table: every entry steps the tiny BERT in fp32 and bf16 and holds exactly its analytic state.
 
+One table: each registered entry x parameter dtype. An entry unavailable here is skipped with its reason.
+"""
+
+import copy
 import math
 
 import pytest
 import torch
+import transformers
 
 from optbench import optimizers
 from optbench.measure import optimizer_state_bytes
+from optbench.workloads import tiny_bert_config
 
 ALL = list(optimizers.REGISTRY.values())
-# (shape) covering: a big matrix, a matrix under bnb's 4096-element threshold, a vector, a 3-D tensor,
+DTYPES = [torch.float32, torch.bfloat16]
+# torchao compiles its quantised update on the first step: tens of seconds per entry and dtype.
+SLOW = {s.name for s in ALL if s.library == "torchao"}
+# Hand-built shapes: a big matrix, a matrix under bnb's 4096-element threshold, a vector, a 3-D tensor,
 # and a size that is not a multiple of the 256-element quantisation block.
 SHAPES = [(96, 128), (30, 40), (96,), (4, 32, 48), (5000,)]
 
 
-def _stepped(spec, shapes=SHAPES, steps: int = 2):
+@pytest.fixture(scope="module")
+def tiny_models():
     torch.manual_seed(0)
-    params = [torch.nn.Parameter(torch.randn(*s)) for s in shapes]
-    optimizer = spec.build(params, lr=1e-3)
+    base = transformers.BertForSequenceClassification(tiny_bert_config())
+    return {dtype: copy.deepcopy(base).to(dtype) for dtype in DTYPES}
+
+
+def _train(model, optimizer, steps: int = 2):
+    generator = torch.Generator().manual_seed(0)
     for _ in range(steps):
+        ids = torch.randint(0, model.config.vocab_size, (2, 8), generator=generator)
+        model(input_ids=ids, labels=torch.tensor([0, 1])).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+def _skip_unavailable(spec):
+    reason = spec.unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"{spec.name} is unavailable here: {reason}")
+
+
+def _cases():
+    for spec in ALL:
+        for dtype in DTYPES:
+            marks = [pytest.mark.slow] if spec.name in SLOW else []
+            yield pytest.param(spec, dtype, id=f"{spec.name}-{str(dtype).removeprefix('torch.')}", marks=marks)
+
+
+@pytest.mark.parametrize("spec,dtype", list(_cases()))
+def test_measured_state_on_the_tiny_model_matches_analytic_byte_for_byte(spec, dtype, tiny_models):
+    _skip_unavailable(spec)
+    model = copy.deepcopy(tiny_models[dtype])
+    optimizer = spec.build_for(model, lr=spec.default_lr)
+    _train(model, optimizer)
+    measured, by_key = optimizer_state_bytes(optimizer)
+    facts = spec.analytic_for(model)
+    assert measured == facts.state_bytes, by_key
+    trainable = sum(p.numel() for p in model.parameters())
+    assert facts.trainable_numel == trainable
+    assert 0 <= facts.fp32_state_numel <= trainable
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert facts.step_traffic_bytes == 3 * weights + 2 * measured
+
+
+@pytest.mark.parametrize("spec", [s for s in ALL if not s.structural and s.name not in SLOW], ids=lambda s: s.name)
+def test_bare_parameter_build_matches_the_shapes_only_count(spec):
+    """The benchmarks' and estimate's path: `build(params)` and `analytic_state_bytes(shapes)`."""
+    _skip_unavailable(spec)
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(*s)) for s in SHAPES]
+    optimizer = spec.build(params, lr=1e-3)
+    for _ in range(2):
         sum((p * p).sum() for p in params).backward()
         optimizer.step()
         optimizer.zero_grad()
-    return params, optimizer
+    assert optimizer_state_bytes(optimizer)[0] == spec.analytic_state_bytes(SHAPES)
 
 
-def _params(shapes):
-    return sum(math.prod(s) for s in shapes)
+def _numel(model, keep) -> int:
+    return sum(p.numel() for name, p in model.named_parameters() if keep(name, p))
 
 
-@pytest.mark.parametrize("spec", ALL, ids=lambda s: s.name)
-def test_measured_state_matches_analytic_byte_for_byte(spec):
-    if not spec.available:
-        pytest.skip(f"{spec.name} is unavailable here: {spec.unavailable_reason()}")
-    _, optimizer = _stepped(spec)
-    measured, by_key = optimizer_state_bytes(optimizer)
-    assert measured == spec.analytic_state_bytes(SHAPES)
-    assert sum(by_key.values()) == measured
+@pytest.mark.parametrize("name,dtype,share", [
+    ("adamw", torch.float32, lambda m: _numel(m, lambda n, p: True)),
+    ("adamw", torch.bfloat16, lambda m: 0),  # torch keeps bf16 moments for bf16 parameters
+    ("adamw8bit", torch.bfloat16, lambda m: _numel(m, lambda n, p: p.numel() < 4096)),  # bnb state is fp32
+    ("adamw8bit_hf", torch.float32, lambda m: _numel(m, lambda n, p: p.numel() < 4096 or "embeddings." in n
+                                                      and n.endswith("embeddings.weight"))),
+    ("muon", torch.float32, lambda m: _numel(m, lambda n, p: p.ndim != 2 or "embeddings" in n or "classifier" in n)),
+    ("adafactor", torch.float32, lambda m: _numel(m, lambda n, p: p.ndim == 1)),
+])
+def test_fp32_state_numel_counts_what_stays_full_precision(name, dtype, share, tiny_models):
+    facts = optimizers.resolve(name).analytic_for(tiny_models[dtype])
+    assert facts.fp32_state_numel == share(tiny_models[dtype]) > 0 or name == "adamw" and dtype == torch.bfloat16
+    assert facts.fp32_state_fraction == facts.fp32_state_numel / facts.trainable_numel
+
+
+def test_muon_orthogonalises_hidden_matrices_and_leaves_the_rest_to_adamw(tiny_models):
+    model = copy.deepcopy(tiny_models[torch.float32])
+    optimizer = optimizers.resolve("muon").build_for(model)
+    muon, adamw = optimizer.parts
+    names = {id(p): n for n, p in model.named_parameters()}
+    muon_names = [names[id(p)] for g in muon.param_groups for p in g["params"]]
+    adamw_names = [names[id(p)] for g in adamw.param_groups for p in g["params"]]
+    assert muon_names and all(n.endswith("weight") and "embeddings" not in n for n in muon_names)
+    assert "classifier.weight" in adamw_names and "bert.embeddings.word_embeddings.weight" in adamw_names
+    assert len(muon_names) + len(adamw_names) == len(list(model.parameters()))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.5)  # drives both parts
+    assert {g["lr"] for part in optimizer.parts for g in part.param_groups} == {0.5 * 5e-5}
+    del scheduler
+
+
+def test_adamw8bit_hf_keeps_embeddings_fp32_and_does_not_leak_into_the_pure_one(tiny_models):
+    pytest.importorskip("bitsandbytes")
+    model = copy.deepcopy(tiny_models[torch.float32])
+    hf = optimizers.resolve("adamw8bit_hf").build_for(model)
+    _train(model, hf, steps=1)
+    word = model.bert.embeddings.word_embeddings.weight
+    assert hf.state[word]["state1"].dtype == torch.float32
+    pure = optimizers.resolve("adamw8bit").build_for(model)  # same tensors, built after: no override
+    _train(model, pure, steps=1)
+    assert pure.state[word]["state1"].dtype == torch.uint8
+
+
+@pytest.mark.parametrize("spec", [s for s in ALL if s.paging.__name__ != "_no_paging"], ids=lambda s: s.name)
+def test_paged_entries_say_whether_they_really_page(spec, tiny_models):
+    _skip_unavailable(spec)
+    model = copy.deepcopy(tiny_models[torch.float32])
+    optimizer = spec.build_for(model)
+    _train(model, optimizer, steps=1)
+    paged, reason = spec.paging(optimizer)
+    assert paged is False and "CUDA" in reason  # this CPU cannot page; on a GPU the tiny model has >= 1e5 tensors
+
+
+def test_unpaged_entries_report_none():
+    assert optimizers.resolve("adamw").paging(object()) == (None, None)
+
+
+def test_schedulefree_switches_to_its_averaged_weights_for_evaluation(tiny_models):
+    spec = optimizers.resolve("adamw_schedulefree")
+    _skip_unavailable(spec)
+    model = copy.deepcopy(tiny_models[torch.float32])
+    optimizer = spec.build_for(model)
+    _train(model, optimizer, steps=2)
+    training_weights = model.classifier.weight.detach().clone()
+    spec.before_eval(optimizer)
+    assert not optimizer.param_groups[0]["train_mode"]
+    assert not torch.equal(model.classifier.weight, training_weights)  # x (the average) is evaluated, not y
+    spec.after_eval(optimizer)
+    assert optimizer.param_groups[0]["train_mode"]
+    torch.testing.assert_close(model.classifier.weight, training_weights)
+    optimizers.resolve("adamw").before_eval(optimizer)  # no-op hooks for every other entry
+
+
+@pytest.mark.parametrize("name", ["galore_adamw", "apollo_adamw"])
+def test_low_rank_entries_take_rank_and_target_modules(name, tiny_models):
+    spec = optimizers.resolve(name)
+    _skip_unavailable(spec)
+    model = copy.deepcopy(tiny_models[torch.float32])
+    kwargs = {"rank": 4, "target_modules": ["intermediate.dense"]}
+    optimizer = spec.build_for(model, **kwargs)
+    _train(model, optimizer)
+    assert optimizer_state_bytes(optimizer)[0] == spec.analytic_for(model, **kwargs).state_bytes
+    projected = model.bert.encoder.layer[0].intermediate.dense.weight  # (256, 64): moments (256, 4)
+    assert optimizer.state[projected]["exp_avg"].shape == (256, 4)
+    assert optimizer.state[projected]["projection"].numel() == 4 * 64
+    assert optimizer.state[model.bert.encoder.layer[0].output.dense.weight]["exp_avg"].shape == (64, 256)
 
 
 def test_adamw_holds_exactly_eight_bytes_per_param_of_moments():
-    _, optimizer = _stepped(optimizers.resolve("adamw"))
-    _, by_key = optimizer_state_bytes(optimizer)
-    assert by_key["exp_avg"] + by_key["exp_avg_sq"] == 8 * _params(SHAPES)
-    assert by_key["step"] == 4 * len(SHAPES)  # torch keeps one fp32 step tensor per parameter
+    params = [torch.nn.Parameter(torch.randn(*s)) for s in SHAPES]
+    optimizer = optimizers.resolve("adamw").build(params)
+    sum((p * p).sum() for p in params).backward()
+    optimizer.step()
+    by_key = optimizer_state_bytes(optimizer)[1]
+    assert by_key["exp_avg"] + by_key["exp_avg_sq"] == 8 * sum(math.prod(s) for s in SHAPES)
+    assert by_key["step"] == 4 * len(SHAPES)
 
 
-def test_bnb_8bit_is_two_bytes_plus_absmax_per_block_and_fp32_below_threshold():
-    pytest.importorskip("bitsandbytes")
-    _, optimizer = _stepped(optimizers.resolve("adamw8bit"))
-    _, by_key = optimizer_state_bytes(optimizer)
-    big = [s for s in SHAPES if math.prod(s) >= 4096]
-    small = [s for s in SHAPES if math.prod(s) < 4096]
-    assert big and small
-    assert by_key["state1"] + by_key["state2"] == 2 * _params(big) + 8 * _params(small)
-    blocks = sum(-(-math.prod(s) // 256) for s in big)  # ceil: 5000 elements -> 20 blocks
-    assert by_key["absmax1"] + by_key["absmax2"] == 2 * 4 * blocks
-    assert by_key["qmap1"] + by_key["qmap2"] == 2 * 256 * 4  # shared by all parameters, counted once
-
-
-def test_adafactor_stores_rows_plus_columns_not_rows_times_columns():
-    _, optimizer = _stepped(optimizers.resolve("adafactor"))
-    _, by_key = optimizer_state_bytes(optimizer)
-    # (96,128): 96 + 128; (30,40): 30 + 40; (4,32,48): rows 4*32, cols 4*48 -> factored per leading dim
-    assert by_key["exp_avg_sq_row"] == 4 * (96 + 30 + 4 * 32)
-    assert by_key["exp_avg_sq_col"] == 4 * (128 + 40 + 4 * 48)
-    assert by_key["exp_avg_sq"] == 4 * (96 + 5000)  # vectors keep a full second moment
-    assert "exp_avg" not in by_key  # beta1=None: no momentum
-
-
-@pytest.mark.parametrize("alias,name", [("adamw_torch", "adamw"), ("adamw_bnb_8bit", "adamw8bit"),
-                                        ("adafactor", "adafactor"), ("ADAMW", "adamw")])
-def test_hf_trainer_names_are_aliases(alias, name):
+@pytest.mark.parametrize("alias,name", [
+    ("adamw_torch", "adamw"), ("adamw_torch_fused", "adamw_fused"), ("sgd", "sgd"), ("adafactor", "adafactor"),
+    ("adamw_bnb_8bit", "adamw8bit_hf"), ("adamw_8bit", "adamw8bit_hf"), ("paged_adamw_32bit", "paged_adamw"),
+    ("lion_32bit", "lion"), ("adamw_torch_8bit", "adamw8bit_torchao"), ("adamw_torch_4bit", "adamw4bit_torchao"),
+    ("schedule_free_adamw", "adamw_schedulefree"), ("galore_adamw_8bit", "galore_adamw8bit"), ("ADAMW", "adamw"),
+])
+def test_hf_trainer_names_resolve_to_what_hf_builds(alias, name):
     assert optimizers.resolve(alias).name == name
+
+
+def test_every_hf_alias_is_one_of_transformers_optimizer_names():
+    from transformers.training_args import OptimizerNames
+
+    hf_names = {o.value for o in OptimizerNames}
+    assert {s.hf_alias for s in ALL if s.hf_alias} <= hf_names
+    assert optimizers.resolve("adamw_fused").default_kwargs == {"fused": True}
+
+
+def test_fused_alias_really_builds_the_fused_kernel():
+    optimizer = optimizers.resolve("adamw_torch_fused").build([torch.nn.Parameter(torch.zeros(3))])
+    assert optimizer.param_groups[0]["fused"] is True
 
 
 def test_unknown_name_lists_the_known_ones():
     with pytest.raises(optimizers.UnknownOptimizerError, match="adamw8bit") as info:
         optimizers.resolve("sgdx")
-    assert "sgdx" in str(info.value)
+    assert "sgdx" in str(info.value) and "adamw_bnb_8bit" in str(info.value)
 
 
-def test_missing_library_makes_an_entry_unavailable_with_a_reason():
+def test_missing_library_makes_an_entry_unavailable_with_the_extra_to_install():
     spec = optimizers.OptimizerSpec(
-        name="ghost", factory=lambda p, lr: None, library="no_such_library_xyz", default_lr=1e-3,
-        precision="fp32", analytic_state_bytes=lambda shapes: 0)
+        name="ghost", factory=lambda p, lr: None, library="no_such_library_xyz", extra="ghost", default_lr=1e-3,
+        lr_range=(1e-4, 1e-2), precision="fp32", count=lambda params: optimizers.Count())
     assert not spec.available
-    assert "pip install no_such_library_xyz" in spec.unavailable_reason()
+    assert spec.unavailable_reason() == 'needs `pip install "optbench[ghost]"`'
 
 
-def test_each_entry_wants_its_own_learning_rate():
-    assert optimizers.resolve("adafactor").default_lr > optimizers.resolve("adamw").default_lr
+def test_an_entry_that_cannot_run_here_stays_registered_with_its_reason():
+    spec = optimizers.resolve("adam_mini")
+    assert not spec.available and "IndexError" in spec.unavailable_reason()
+
+
+@pytest.mark.parametrize("spec", ALL, ids=lambda s: s.name)
+def test_lr_grid_is_log_spaced_inside_the_range_and_holds_the_default(spec):
+    low, high = spec.lr_range
+    assert low < spec.default_lr < high
+    grid = spec.lr_grid(5)
+    assert len(grid) == 5 and grid == sorted(grid) and spec.default_lr in grid
+    assert low <= grid[0] and grid[-1] <= high
+    ratios = [b / a for a, b in zip(grid, grid[1:], strict=False)]
+    assert all(r > 1.5 for r in ratios)  # spread over the range, not bunched up
+    assert spec.lr_grid(1) == [spec.default_lr]
 
 
 def test_nominal_bytes_per_param_comes_from_the_analytic_count():
     assert optimizers.resolve("adamw").nominal_bytes_per_param == pytest.approx(8.0, abs=1e-5)
     assert optimizers.resolve("adamw8bit").nominal_bytes_per_param == pytest.approx(2 + 8 / 256, abs=1e-2)
     assert optimizers.resolve("adafactor").nominal_bytes_per_param < 0.01
+
+
+def test_kwargs_parser_resolves_aliases_and_turns_lists_into_tuples():
+    parsed = optimizers.parse_optimizer_kwargs(['adamw_torch={"betas": [0.9, 0.95]}', 'adamw={"eps": 1e-6}',
+                                                "adafactor={}"])
+    assert parsed == {"adamw": {"betas": (0.9, 0.95), "eps": 1e-6}, "adafactor": {}}
+
+
+@pytest.mark.parametrize("item,message", [
+    ("adamw", "NAME="), ('={"a": 1}', "NAME="), ("adamw={betas: 1}", "not valid JSON"),
+    ("adamw=[1, 2]", "JSON object"), ('sgdx={"a": 1}', "unknown optimizer"),
+])
+def test_kwargs_parser_rejects_malformed_items(item, message):
+    with pytest.raises(ValueError, match=message):
+        optimizers.parse_optimizer_kwargs([item])

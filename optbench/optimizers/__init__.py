@@ -1,0 +1,36 @@
+"""The optimizer registry: one table that the CLI, the trial, the tests and the benchmarks iterate over.
+
+Each entry knows how to build its optimizer (from a parameter list, or from a model when it needs the
+module structure), the library and optbench extra it needs, HF Trainer's name for it, the learning rate
+and lr range it wants for fine-tuning, a short label for how it stores its state, and how many state
+bytes it *should* hold. The analytic count is written to match the measured one byte for byte, for
+fp32 and bf16 parameters, so a mismatch in a record points at a real change in a library, not at
+rounding. One module per library family; this package imports none of the optional libraries (nor
+torch): a missing library makes an entry unavailable with a reason instead of breaking the import.
+"""
+
+from optbench.optimizers.base import (
+    FP32_BYTES,
+    NOMINAL_SHAPE,
+    AnalyticState,
+    Count,
+    OptimizerSpec,
+    Param,
+    Shape,
+    UnknownOptimizerError,
+    describe_model,
+    factored_numel,
+)
+from optbench.optimizers.registry import (
+    DEFAULT_OPTIMIZERS,
+    REGISTRY,
+    available_names,
+    parse_optimizer_kwargs,
+    resolve,
+)
+
+__all__ = [
+    "DEFAULT_OPTIMIZERS", "FP32_BYTES", "NOMINAL_SHAPE", "REGISTRY", "AnalyticState", "Count", "OptimizerSpec",
+    "Param", "Shape", "UnknownOptimizerError", "available_names", "describe_model", "parse_optimizer_kwargs",
+    "resolve",
+]

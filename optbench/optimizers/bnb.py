@@ -1,0 +1,137 @@
+"""bitsandbytes entries: 8-bit blockwise AdamW/Adam/Lion/AdEMAMix/RMSprop, the paged variants, and
+`adamw8bit_hf`, which is what HF Trainer's `optim="adamw_bnb_8bit"` actually builds.
+
+bitsandbytes' state is fp32 or uint8 whatever the parameter dtype. An 8-bit state tensor costs one byte
+per element per moment plus one fp32 absmax per 256-element block; the 256-entry fp32 quantisation maps
+(one per moment kind, at most two) are shared by every parameter of one optimizer and counted once.
+Tensors under `min_8bit_size` (4096) elements keep fp32 state.
+
+HF Trainer, for any bitsandbytes optimizer with 8-bit state, registers an `optim_bits=32` override for
+the weight of every nn.Embedding with bitsandbytes' GlobalOptimManager: embeddings keep fp32 Adam state
+(more memory, the stability the LLM.int8 authors recommend). `adamw8bit` is the pure library optimizer;
+`adamw8bit_hf` reproduces the Trainer. The manager is a process-wide singleton whose overrides would
+reach every later bitsandbytes optimizer over the same tensors, so every optimizer built here gets a
+private manager instead: overrides never leak between optimizers, and an override someone else put in
+the global one (a Trainer in the same process) never reaches ours.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+from optbench.optimizers.base import FP32_BYTES, Count, OptimizerSpec, Param, total
+from optbench.optimizers.torch_optim import ADAMW_LR_RANGE
+
+BNB_MIN_8BIT_NUMEL = 4096
+BNB_BLOCK_SIZE = 256
+BNB_QMAP_BYTES = 256 * FP32_BYTES
+# bitsandbytes pages (CUDA unified memory) only state tensors of at least this many elements.
+BNB_MIN_PAGED_NUMEL = 100_000
+
+
+def bnb_count(moments: int, bits8: bool, embeddings_fp32: bool = False):
+    """A count for an optimizer with `moments` state tensors per parameter (AdEMAMix has three)."""
+
+    def count(params: list[Param], min_8bit_size: int = BNB_MIN_8BIT_NUMEL, **_: Any) -> Count:
+        counts, any_8bit = [], False
+        for p in params:
+            if bits8 and p.numel >= min_8bit_size and not (embeddings_fp32 and p.embedding):
+                any_8bit = True
+                counts.append(Count(moments * (p.numel + FP32_BYTES * math.ceil(p.numel / BNB_BLOCK_SIZE))))
+            else:
+                counts.append(Count(moments * FP32_BYTES * p.numel, p.numel))
+        qmaps = Count(min(moments, 2) * BNB_QMAP_BYTES) if any_8bit else Count()
+        return total(counts) + qmaps
+
+    return count
+
+
+def _private_manager() -> Any:
+    from bitsandbytes.optim import GlobalOptimManager
+
+    manager = GlobalOptimManager.__new__(GlobalOptimManager)  # get_instance() would hand out the singleton
+    manager.initialize()
+    return manager
+
+
+def _import_bnb() -> Any:
+    # On CPUs with AVX512-BF16, importing bitsandbytes tries to fetch a 4-bit inference kernel from the
+    # hub and logs a warning when it cannot; the optimizers do not use that kernel.
+    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
+    import bitsandbytes
+
+    return bitsandbytes
+
+
+def _factory(class_name: str):
+    def make(params: Any, lr: float, **kwargs: Any) -> Any:
+        optimizer = getattr(_import_bnb().optim, class_name)(params, lr=lr, **kwargs)
+        optimizer.mng = _private_manager()
+        return optimizer
+
+    return make
+
+
+def _make_adamw8bit_hf(pairs: list[tuple[Param, Any]], lr: float, **kwargs: Any) -> Any:
+    """bitsandbytes AdamW with optim_bits=8 and every nn.Embedding weight overridden to 32-bit state, as
+    transformers' Trainer.create_optimizer does for `adamw_bnb_8bit` / `adamw_8bit`."""
+    optimizer = _factory("AdamW")([t for _, t in pairs], lr=lr, **kwargs)
+    for facts, tensor in pairs:
+        if facts.embedding:
+            optimizer.mng.override_config(tensor, key_value_dict={"optim_bits": 32})
+    return optimizer
+
+
+def _paging(optimizer: Any) -> tuple[bool | None, str | None]:
+    """Whether a paged optimizer really pages: True once any state tensor lives in paged memory."""
+    tensors = [v for state in optimizer.state.values() for v in state.values() if hasattr(v, "is_paged")]
+    if any(t.is_paged for t in tensors):
+        return True, None
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    if params and params[0].device.type != "cuda":
+        return False, f"bitsandbytes pages only CUDA state; on {params[0].device.type} it keeps ordinary tensors"
+    if not optimizer.state:
+        return False, "no state yet: paging is decided on the first step"
+    return False, f"no parameter has {BNB_MIN_PAGED_NUMEL:,} elements, the least bitsandbytes pages"
+
+
+def _entry(name: str, class_name: str, moments: int, bits8: bool, **fields: Any) -> OptimizerSpec:
+    defaults = dict(default_lr=5e-5, lr_range=ADAMW_LR_RANGE)
+    return OptimizerSpec(
+        name=name, factory=_factory(class_name), library="bitsandbytes",
+        precision="int8-blockwise" if bits8 else "fp32", count=bnb_count(moments, bits8),
+        **{**defaults, **fields},
+    )
+
+
+# HF's names for the 8-bit ones other than AdamW (paged_adamw_8bit, lion_8bit, ademamix_8bit,
+# rmsprop_bnb_8bit) also keep embeddings 32-bit, so they are not aliases of these pure entries.
+LION_LR = dict(default_lr=1e-5, lr_range=(2e-6, 1e-4))  # sign updates: ~3-10x below AdamW's lr
+BNB_ENTRIES = [
+    _entry("adamw8bit", "AdamW8bit", 2, True,
+           description="bitsandbytes AdamW8bit as the library ships it: uint8 moments for every tensor "
+                       ">= 4096 elements, embeddings included"),
+    OptimizerSpec(
+        name="adamw8bit_hf", hf_alias="adamw_bnb_8bit", aliases=("adamw_8bit",), factory=_make_adamw8bit_hf,
+        structural=True, library="bitsandbytes", default_lr=5e-5, lr_range=ADAMW_LR_RANGE,
+        precision="int8-blockwise, fp32 embeddings", count=bnb_count(2, True, embeddings_fp32=True),
+        # TrainingArguments' defaults: weight_decay 0.0, betas (0.9, 0.999), eps 1e-8.
+        default_kwargs={"optim_bits": 8, "is_paged": False, "weight_decay": 0.0},
+        description="what HF Trainer builds for optim=adamw_bnb_8bit: AdamW8bit but nn.Embedding weights "
+                    "keep fp32 state, weight decay 0",
+    ),
+    _entry("adam8bit", "Adam8bit", 2, True, description="bitsandbytes Adam8bit (L2 penalty, not decoupled decay)"),
+    _entry("paged_adamw8bit", "PagedAdamW8bit", 2, True, paging=_paging,
+           description="bitsandbytes PagedAdamW8bit: 8-bit state in CUDA unified memory (pages to host)"),
+    _entry("paged_adamw", "PagedAdamW", 2, False, hf_alias="paged_adamw_32bit", paging=_paging,
+           description="bitsandbytes PagedAdamW: fp32 state in CUDA unified memory (pages to host)"),
+    _entry("lion8bit", "Lion8bit", 1, True, **LION_LR, description="bitsandbytes Lion8bit: one uint8 momentum"),
+    _entry("lion", "Lion", 1, False, hf_alias="lion_32bit", **LION_LR,
+           description="bitsandbytes Lion (32-bit): one fp32 momentum"),
+    _entry("ademamix8bit", "AdEMAMix8bit", 3, True,
+           description="bitsandbytes AdEMAMix8bit: fast and slow first moments + second moment, uint8"),
+    _entry("rmsprop8bit", "RMSprop8bit", 1, True, default_lr=2e-5, lr_range=(3e-6, 3e-4),
+           description="bitsandbytes RMSprop8bit: one uint8 second moment"),
+]

@@ -1,0 +1,53 @@
+"""Several optimizers over disjoint parameters, stepped as one (Muon's hidden matrices + AdamW for the rest)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+
+
+class _StateView(Mapping):
+    """The parts' states read as one mapping. (A ChainMap would not do: looking a key up in a part's
+    defaultdict state that lacks it inserts an empty entry there.)"""
+
+    def __init__(self, parts: list[torch.optim.Optimizer]) -> None:
+        self.parts = parts
+
+    def __getitem__(self, key: Any) -> Any:
+        for part in self.parts:
+            if key in part.state:
+                return part.state[key]
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator[Any]:
+        for part in self.parts:
+            yield from part.state
+
+    def __len__(self) -> int:
+        return sum(len(part.state) for part in self.parts)
+
+
+class CombinedOptimizer(torch.optim.Optimizer):
+    """Steps each part in turn.
+
+    `param_groups` are the parts' own group dicts, so an lr scheduler drives every part; `state` is a
+    read-only view of the parts' states, so state is measured for all of them at once.
+    """
+
+    def __init__(self, parts: list[torch.optim.Optimizer]) -> None:
+        self.parts = list(parts)
+        super().__init__([{"params": g["params"]} for part in self.parts for g in part.param_groups], {})
+        self.param_groups = [g for part in self.parts for g in part.param_groups]
+        self.state = _StateView(self.parts)
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for part in self.parts:
+            part.step()
+        return loss

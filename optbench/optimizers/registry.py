@@ -1,0 +1,66 @@
+"""The table: every entry by name, name and alias look-up, and per-optimizer kwargs from the command line."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from optbench.optimizers.base import OptimizerSpec, UnknownOptimizerError
+from optbench.optimizers.bnb import BNB_ENTRIES
+from optbench.optimizers.extras import EXTRA_ENTRIES
+from optbench.optimizers.torch_optim import TORCH_ENTRIES
+from optbench.optimizers.transformers_optim import TRANSFORMERS_ENTRIES
+
+REGISTRY: dict[str, OptimizerSpec] = {
+    spec.name: spec for spec in [*TORCH_ENTRIES, *TRANSFORMERS_ENTRIES, *BNB_ENTRIES, *EXTRA_ENTRIES]
+}
+
+DEFAULT_OPTIMIZERS: tuple[str, ...] = ("adamw", "adafactor", "adamw8bit")
+
+_BY_NAME = {alias: spec for spec in REGISTRY.values() for alias in spec.names}
+if len(_BY_NAME) != sum(len(spec.names) for spec in REGISTRY.values()):
+    raise RuntimeError("two registry entries share a name or an alias")
+
+
+def resolve(name: str) -> OptimizerSpec:
+    """Look a name or an HF Trainer alias up; unknown names fail with the list of known ones."""
+    spec = _BY_NAME.get(name.strip().lower())
+    if spec is None:
+        known = ", ".join(f"{s.name} ({'/'.join(s.names[1:])})" if s.names[1:] else s.name for s in REGISTRY.values())
+        raise UnknownOptimizerError(f"unknown optimizer '{name}'; known: {known}")
+    return spec
+
+
+def available_names() -> list[str]:
+    """`--optimizers all`: every entry that can run here, in registry order."""
+    return [spec.name for spec in REGISTRY.values() if spec.available]
+
+
+def parse_optimizer_kwargs(items: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """`NAME={json object}` items (from repeated --optimizer-kwargs) -> {registry name: kwargs}.
+
+    Names may be aliases; JSON lists become tuples (torch wants `betas` as a tuple, and tuples keep
+    the kwargs hashable for trial ids). A later item for the same optimizer updates the earlier one.
+    Raises ValueError with a one-line reason on malformed input.
+    """
+    parsed: dict[str, dict[str, Any]] = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        if not sep or not name.strip():
+            raise ValueError(f"--optimizer-kwargs expects NAME={{json}}, e.g. 'adamw={{\"betas\": [0.9, 0.95]}}'; "
+                             f"got '{item}'")
+        spec = resolve(name)
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"--optimizer-kwargs for {name.strip()}: not valid JSON ({exc.msg} at column "
+                             f"{exc.colno}): {text}") from None
+        if not isinstance(value, dict):
+            raise ValueError(f"--optimizer-kwargs for {name.strip()}: expected a JSON object, got {text}")
+        parsed.setdefault(spec.name, {}).update({key: _tuples(v) for key, v in value.items()})
+    return parsed
+
+
+def _tuples(value: Any) -> Any:
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
