@@ -8,6 +8,7 @@ commands that need them, so `list` and `report` start fast.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 import warnings
@@ -108,7 +109,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--preset", choices=sorted(PRESETS), default="default",
                      help="job size (smoke: seconds per optimizer; default: ~1.5 min per optimizer on CPU)")
     run.add_argument("--optimizers", type=_name_list, default=list(optimizers.DEFAULT_OPTIMIZERS),
-                     help="comma-separated registry names or HF Trainer aliases (see `optbench list`)")
+                     help="comma-separated registry names or HF Trainer aliases (see `optbench list`), "
+                          "or 'all' for every entry available here")
+    run.add_argument("--optimizer-kwargs", action="append", default=[], metavar="NAME=JSON",
+                     help="extra constructor kwargs for one optimizer, e.g. 'adamw8bit={\"betas\": [0.9, 0.95]}' "
+                          "(repeatable)")
     run.add_argument("--workload", help="minilm (pretrained BERT classifier, default), lm (causal LM from "
                                         "scratch) or tiny (random-init BERT, for tests); see optbench.workloads")
     run.add_argument("--precision", choices=PRECISIONS, default="fp32",
@@ -183,14 +188,17 @@ def _run(args: argparse.Namespace) -> int:
     if args.widths and not args.scale:
         raise UsageError("--widths only applies with --scale")
     preset = scaling.SCALE_PRESET if args.scale else PRESETS[args.preset]
-    specs_optimizers = []
-    for name in args.optimizers:
-        try:
-            specs_optimizers.append(optimizers.resolve(name).name)
-        except optimizers.UnknownOptimizerError as exc:
-            raise UsageError(str(exc)) from None
+    names = optimizers.available_names() if [n.lower() for n in args.optimizers] == ["all"] else args.optimizers
+    try:
+        specs_optimizers = [optimizers.resolve(name).name for name in names]
+        kwargs_by_optimizer = optimizers.parse_optimizer_kwargs(args.optimizer_kwargs)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     if not specs_optimizers:
         raise UsageError("--optimizers is empty")
+    stray = sorted(set(kwargs_by_optimizer) - set(specs_optimizers))
+    if stray:
+        raise UsageError(f"--optimizer-kwargs for {', '.join(stray)}, which --optimizers does not run")
     steps = args.steps or preset.steps
     warmup = args.warmup_steps if args.warmup_steps is not None else min(preset.warmup_steps, steps // 2)
     if not 0 <= warmup < steps:
@@ -205,7 +213,8 @@ def _run(args: argparse.Namespace) -> int:
         eval_every=args.eval_every or 0, target=args.target,
     )
     seeds = args.seeds if args.seeds else list(preset.seeds)
-    specs = build_grid(list(dict.fromkeys(specs_optimizers)), seeds, **settings)
+    specs = [dataclasses.replace(spec, optimizer_kwargs=kwargs_by_optimizer.get(spec.optimizer, {}))
+             for spec in build_grid(list(dict.fromkeys(specs_optimizers)), seeds, **settings)]
     if args.scale:
         try:
             specs = scaling.across_widths(specs, args.widths or scaling.SCALE_WIDTHS)
@@ -372,10 +381,13 @@ def _list(_: argparse.Namespace) -> int:
     rows = []
     for spec in optimizers.REGISTRY.values():
         reason = spec.unavailable_reason()
-        rows.append([spec.name, ", ".join(spec.aliases), spec.precision, f"{spec.nominal_bytes_per_param:.3f}",
-                     f"{spec.default_lr:g}", "yes" if reason is None else f"no: {reason}", spec.description])
-    print(tabulate(rows, headers=["optimizer", "aliases", "precision", "state B/param (1024x1024 matrix)",
-                                  "default lr", "available", "what"], tablefmt="github"))
+        low, high = spec.lr_range
+        rows.append([spec.name, spec.hf_alias or "-", spec.precision, f"{spec.nominal_bytes_per_param:.3f}",
+                     f"{spec.default_lr:g}", f"{low:g}-{high:g}", f'optbench[{spec.extra}]' if spec.extra else "core",
+                     "yes" if reason is None else f"no: {reason}"])
+    print(tabulate(rows, headers=["optimizer", "HF optim", "precision", "state B/param (1024x1024 fp32)",
+                                  "default lr", "lr range", "install", "available here"], tablefmt="github"))
+    print("\n" + optimizers.LIST_NOTES)
     return 0
 
 

@@ -23,6 +23,7 @@ from optbench.optimizers.base import (
 )
 from optbench.optimizers.registry import (
     DEFAULT_OPTIMIZERS,
+    LIST_NOTES,
     REGISTRY,
     available_names,
     parse_optimizer_kwargs,
@@ -30,7 +31,7 @@ from optbench.optimizers.registry import (
 )
 
 __all__ = [
-    "DEFAULT_OPTIMIZERS", "FP32_BYTES", "NOMINAL_SHAPE", "REGISTRY", "AnalyticState", "Count", "OptimizerSpec",
-    "Param", "Shape", "UnknownOptimizerError", "available_names", "describe_model", "parse_optimizer_kwargs",
-    "resolve",
+    "DEFAULT_OPTIMIZERS", "FP32_BYTES", "LIST_NOTES", "NOMINAL_SHAPE", "REGISTRY", "AnalyticState", "Count",
+    "OptimizerSpec", "Param", "Shape", "UnknownOptimizerError", "available_names", "describe_model",
+    "factored_numel", "parse_optimizer_kwargs", "resolve",
 ]

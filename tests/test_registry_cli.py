@@ -1,0 +1,65 @@
+"""The registry on the command line: `list`, `--optimizers all` and `--optimizer-kwargs`."""
+
+import pytest
+
+from optbench import __main__ as cli
+from optbench import optimizers
+
+
+def test_list_shows_every_entry_with_alias_lr_range_install_and_availability(capsys):
+    assert cli.main(["list"]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| ")}
+    assert set(optimizers.REGISTRY) <= set(rows)
+    for spec in optimizers.REGISTRY.values():
+        row = rows[spec.name]
+        assert (spec.hf_alias or "-") in row and spec.precision in row
+        assert f"{spec.lr_range[0]:g}-{spec.lr_range[1]:g}" in row
+        assert (f"optbench[{spec.extra}]" if spec.extra else "core") in row
+        reason = spec.unavailable_reason()
+        assert ("| yes" in row) if reason is None else (f"no: {reason}" in row)
+    assert "adamw8bit vs adamw8bit_hf" in out
+
+
+@pytest.fixture
+def planned(monkeypatch, tmp_path):
+    """Run `optbench run` up to the sweep and hand back the trial specs it would run."""
+    captured = []
+    monkeypatch.setattr("optbench.runner.run_sweep", lambda specs, out, on_record: captured.extend(specs))
+    monkeypatch.setattr(cli, "_check_inputs", lambda spec: None)
+    monkeypatch.setattr(cli, "_print_report", lambda files, out_dir: None)
+
+    def plan(*args):
+        assert cli.main(["run", "--workload", "tiny", "--seeds", "0", "--out", str(tmp_path / "r.jsonl"), *args]) == 0
+        return captured
+
+    return plan
+
+
+def test_optimizers_all_plans_every_available_entry(planned):
+    specs = planned("--optimizers", "all")
+    assert [s.optimizer for s in specs] == optimizers.available_names()
+    assert "adam_mini" not in optimizers.available_names()  # unavailable entries are left out of `all`
+
+
+def test_optimizer_kwargs_reach_their_trials_only_and_change_the_trial_id(planned):
+    plain = {s.optimizer: s for s in planned("--optimizers", "adamw,adamw8bit")}
+    specs = planned("--optimizers", "adamw,adamw8bit", "--optimizer-kwargs", 'adamw8bit={"betas": [0.9, 0.95]}')
+    tuned = {s.optimizer: s for s in specs[len(plain):]}
+    assert tuned["adamw8bit"].optimizer_kwargs == {"betas": (0.9, 0.95)}
+    assert tuned["adamw"].optimizer_kwargs == {}
+    assert tuned["adamw8bit"].trial_id != plain["adamw8bit"].trial_id
+    assert tuned["adamw"].trial_id == plain["adamw"].trial_id
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--optimizer-kwargs", "adamw"], "NAME="),
+    (["--optimizer-kwargs", "adamw={'lr': 1}"], "not valid JSON"),
+    (["--optimizer-kwargs", "adamw=3"], "JSON object"),
+    (["--optimizer-kwargs", 'nosuch={"a": 1}'], "unknown optimizer 'nosuch'"),
+    (["--optimizers", "adamw", "--optimizer-kwargs", 'lion={"betas": [0.9, 0.99]}'], "does not run"),
+])
+def test_malformed_optimizer_kwargs_are_a_usage_error(args, message, capsys):
+    assert cli.main(["run", "--workload", "tiny", *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("optbench: error:") and message in err[0]
