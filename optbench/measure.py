@@ -12,6 +12,7 @@ Each probe exists because the obvious way to measure gets it wrong:
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Iterable, Iterator
@@ -137,3 +138,24 @@ def median_iqr(values: list[float]) -> tuple[float | None, float | None]:
         return values[0], 0.0
     q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
     return statistics.median(values), q3 - q1
+
+
+SLOWDOWN_ENV = "OPTBENCH_TEST_OPTIMIZER_SLOWDOWN"
+
+
+def injected_slowdown(elapsed_s: float) -> None:
+    """Sleep `fraction x elapsed_s` when $OPTBENCH_TEST_OPTIMIZER_SLOWDOWN holds a fraction (e.g. 0.3).
+
+    Called inside a timed optimizer.step() interval, it makes the step that much slower on purpose: the
+    only way to prove end to end that the regression gate catches a real slowdown. Unset: no cost.
+    """
+    text = os.environ.get(SLOWDOWN_ENV)
+    if not text:
+        return
+    try:
+        fraction = float(text)
+    except ValueError:
+        raise ValueError(f"${SLOWDOWN_ENV} must be a fraction such as 0.3, got {text!r}") from None
+    if not 0 <= fraction < float("inf"):
+        raise ValueError(f"${SLOWDOWN_ENV} must be a finite fraction >= 0, got {text!r}")
+    time.sleep(fraction * elapsed_s)
