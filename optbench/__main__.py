@@ -138,6 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
                          help="peak-memory or state growth allowed, in %% (default 5%%)")
     compare.add_argument("--max-accuracy-drop", type=_non_negative_float, default=1.0, metavar="PTS",
                          help="eval-accuracy drop allowed, in percentage points (default 1.0)")
+    compare.add_argument("--strict-env", action="store_true",
+                         help="refuse (exit 2) runs whose environments differ (machine, versions, threads) "
+                              "instead of warning in the table's header")
     compare.add_argument("--export-github-benchmark", type=Path, metavar="FILE",
                          help="write NEW's numbers for github-action-benchmark: FILE (customSmallerIsBetter: "
                               "times, memory) and FILE-accuracy (customBiggerIsBetter)")
@@ -312,6 +315,9 @@ def _compare(args: argparse.Namespace) -> int:
         comparison = compare.compare(runs["BASE"], runs["NEW"], limits)
     except compare.CompareError as exc:
         raise UsageError(str(exc)) from None
+    if args.strict_env and comparison.env_differences:
+        raise UsageError("--strict-env: BASE and NEW ran in different environments: "
+                         + "; ".join(comparison.env_differences))
     print(compare.render_markdown(comparison))
     if args.export_github_benchmark:
         try:
