@@ -160,6 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
                              help="override the device's calibrated threshold (docs/benchmarks.md)")
     nightly.add_argument("--strict-env", action="store_true",
                          help="a baseline from another environment is an error (exit 2), not a warning")
+    nightly.add_argument("--accept", action="store_true",
+                         help="an intended change: report the comparison, then make this night the baseline "
+                              "even if it regressed (exit 0)")
 
     estimate = commands.add_parser("estimate", help="weights + grads + optimizer state memory, before running")
     size = estimate.add_mutually_exclusive_group(required=True)
@@ -365,13 +368,13 @@ def _nightly(args: argparse.Namespace) -> int:
                                  **{key: value for key, value in overrides.items() if value is not None})
     config = nightly.NightConfig(device=args.device, preset=args.preset, baseline=args.baseline, out=args.out,
                                  thresholds=limits, optimizers=tuple(dict.fromkeys(names)), workload=args.workload,
-                                 strict_env=args.strict_env)
+                                 strict_env=args.strict_env, accept=args.accept)
     try:
         night = nightly.run_night(config)
     except nightly.NightlyError as exc:
         raise UsageError(str(exc)) from None
     print((args.out / "summary.md").read_text(encoding="utf-8"))
-    if night.clean:
+    if night.clean or args.accept:
         return 0
     print(f"optbench: {len(night.regressions)} regression(s); baseline kept", file=sys.stderr)
     return EXIT_REGRESSION

@@ -11,10 +11,11 @@ box and behaves the same. Stages, each logged to OUT/logs/<stage>.log:
 4. reports of both into OUT/report and OUT/benchmark-report;
 5. compare both with BASELINE (`compare.compare`, the noise-aware verdict); no baseline yet: this night
    becomes it;
-6. only a clean night replaces BASELINE, so a slow creep cannot hide one small step per night;
+6. only a clean night replaces BASELINE, so a slow creep cannot hide one small step per night (or one
+   run with `--accept`, after an intended change: it reports, then becomes the baseline);
 7. OUT/summary.md, also appended to $GITHUB_STEP_SUMMARY when that is set.
 
-Exit status: 0 clean (or first night), 1 regression (or a failing benchmark test), 2 usage or set-up
+Exit status: 0 clean (or first night, or accepted), 1 regression (or a failing benchmark test), 2 usage or set-up
 error (a stage that could not run, a baseline of another job).
 """
 
@@ -64,6 +65,7 @@ class NightConfig:
     optimizers: tuple[str, ...] = ()  # empty: the sweep's default set and the whole suite
     workload: str | None = None  # e.g. tiny, for a quick CPU night
     strict_env: bool = False
+    accept: bool = False  # an intended change: report it, yet make this night the baseline (exit 0)
 
 
 @dataclass
@@ -232,9 +234,10 @@ def run_night(config: NightConfig) -> Night:
         _compare_with_baseline(night)
     else:
         night.first_night = True
-    if night.clean:
+    if night.clean or config.accept:
         _rotate_baseline(night)
-        night.notes.append(f"baseline {config.baseline} now holds this night")
+        accepted = "" if night.clean else ", accepted with --accept despite the regressions below"
+        night.notes.append(f"baseline {config.baseline} now holds this night{accepted}")
     else:
         night.notes.append(f"baseline {config.baseline} kept (a red night never becomes the baseline)")
     _publish(render_summary(night, env), config.out)

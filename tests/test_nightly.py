@@ -96,7 +96,8 @@ def test_state_growth_beyond_the_threshold_fails(tmp_path, fake_stages):
     assert _night(tmp_path, "n2") == 1
     assert "state +20.0 % (limit 5 %)" in (tmp_path / "n2" / "summary.md").read_text()
     fake_stages([_record("adamw", state_mib=1.2, seed=2)])
-    assert _night(tmp_path, "n3", "--max-memory-growth", "25") == 0  # an accepted change becomes the baseline
+    assert _night(tmp_path, "n3", "--accept") == 0  # an intended change: reported, then the new baseline
+    assert "accepted with --accept" in (tmp_path / "n3" / "summary.md").read_text()
     assert _night(tmp_path, "n4") == 0
 
 

@@ -59,6 +59,7 @@ def test_the_night_is_one_command(job):
     night = runs[1]
     assert night.startswith("python -m optbench nightly") and "--device cuda" in night and "--preset nightly" in night
     assert '--baseline "$BASELINE_DIR"' in night
+    assert "--accept" not in night.replace('"$ACCEPT"', "")  # only when asked for by hand (workflow_dispatch)
     (night_step,) = [step for step in job["steps"] if step.get("run") == night]
     assert "if" not in night_step and "continue-on-error" not in night_step  # a red night fails the job
 
