@@ -231,9 +231,13 @@ def _ok_trials(frame: pd.DataFrame) -> dict[Pair, pd.DataFrame]:
     return {(job, optimizer): group for (job, optimizer), group in ok.groupby(["job", "optimizer"], sort=False)}
 
 
-def _stamp(records: list[Record], where: str, key: str) -> set[str]:
-    values = {getattr(r, key) if where == "record" else r.env.get(key) for r in records}
-    return {str(v) for v in values if v not in (None, "")}
+def _stamp(records: list[Record], where: str, key: str) -> set[str] | None:
+    """The values a run shows for one key (None: a library stamped as not installed); None when no record
+    of the run carries the key at all (an older file), so there is nothing to compare."""
+    if where == "record":
+        return {str(getattr(r, key)) for r in records if getattr(r, key)} or None
+    present = [r.env[key] for r in records if key in r.env]
+    return {str(value) for value in present} if present else None
 
 
 def run_commits(records: list[Record]) -> list[str]:
@@ -246,7 +250,7 @@ def environment_differences(base: list[Record], new: list[Record]) -> list[str]:
     lines = []
     for where, key in ENV_KEYS:
         before, after = _stamp(base, where, key), _stamp(new, where, key)
-        if before and after and before != after:
+        if before is not None and after is not None and before != after:
             lines.append(f"{key}: {', '.join(sorted(before))} → {', '.join(sorted(after))}")
     return lines
 

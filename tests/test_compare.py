@@ -229,13 +229,20 @@ def test_environment_mismatch_warns_and_strict_env_refuses(tmp_path, capsys):
     here = dict(cpu="AMD EPYC", torch="2.13.0", torch_threads=2, git_commit="a" * 40)
     base = _write(tmp_path / "a.jsonl", _stamped(BASE, **here))
     same = _write(tmp_path / "b.jsonl", _stamped(BASE, **{**here, "git_commit": "b" * 40}))
-    other = _write(tmp_path / "c.jsonl", _stamped(BASE, **{**here, "cpu": "Intel Xeon", "torch_threads": 8}))
+    other = _write(tmp_path / "c.jsonl", _stamped(BASE, **{**here, "cpu": "Intel Xeon", "torch_threads": 8,
+                                                           "torchao": "0.18.0"}))
     assert main(["compare", str(base), str(same), "--strict-env"]) == 0
     out = capsys.readouterr().out
     assert f"BASE commit {'a' * 12} → NEW commit {'b' * 12}" in out and "Warning" not in out
     assert main(["compare", str(base), str(other)]) == 0
     out = capsys.readouterr().out
     assert "different environments" in out and "cpu: AMD EPYC → Intel Xeon" in out and "torch_threads: 2 → 8" in out
+    assert "torchao" not in out  # BASE does not stamp it at all: nothing to compare
     assert main(["compare", str(base), str(other), "--strict-env"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "cpu: AMD EPYC → Intel Xeon" in err[0]
+
+
+def test_a_library_missing_in_one_run_is_a_difference():
+    without, with_it = _stamped(BASE, torchao=None), _stamped(BASE, torchao="0.18.0")
+    assert compare.environment_differences(without, with_it) == ["torchao: None → 0.18.0"]
