@@ -224,6 +224,9 @@ def run_night(config: NightConfig) -> Night:
         config.out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise NightlyError(f"cannot create --out {config.out}: {exc.strerror or exc}") from None
+    if any((config.out / name).exists() for name in (SWEEP_FILE, BENCHMARK_FILE)):
+        # `optbench run` resumes a results file: an old night's trials would pass for tonight's.
+        raise NightlyError(f"--out {config.out} already holds a night; give each night a new folder")
     if config.baseline.exists() and not config.baseline.is_dir():
         raise NightlyError(f"--baseline {config.baseline} is not a folder")
     night = Night(config)

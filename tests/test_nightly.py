@@ -101,6 +101,13 @@ def test_state_growth_beyond_the_threshold_fails(tmp_path, fake_stages):
     assert _night(tmp_path, "n4") == 0
 
 
+def test_an_out_folder_holding_a_night_is_refused(tmp_path, fake_stages, capsys):
+    fake_stages([_record("adamw")])
+    assert _night(tmp_path, "n1") == 0
+    assert _night(tmp_path, "n1") == 2
+    assert "already holds a night" in capsys.readouterr().err
+
+
 def test_a_baseline_of_another_job_is_a_setup_error(tmp_path, fake_stages, capsys):
     fake_stages([_record("adamw")])
     assert _night(tmp_path, "n1") == 0
