@@ -11,8 +11,9 @@ significant — the 95 % confidence interval of the change lies wholly beyond th
   plain threshold on the medians, and the cell says so.
 - accuracy: a paired test over the seeds both runs share (mean difference, Student-t 95 % CI). With a
   single shared seed there is nothing to pair: plain threshold.
-- memory and state bytes: plain threshold. They do not vary from run to run of the same build (state
-  bytes are exact; peaks move by allocator pages), so any change beyond the threshold is real.
+- memory and state bytes: plain threshold. State bytes are exact and a CUDA peak is repeatable, so any
+  change beyond the threshold is real; a CPU peak (RSS) moves by pages and arenas, so a peak must also
+  grow by more than `min_peak_growth_mib` (0 by default; the nightly sets it on CPU).
 
 A row also regresses when it was `ok` in BASE and is failed or missing in NEW. A row new in NEW is
 reported, never a regression. `environment_differences` compares the two runs' stamps (machine,
@@ -75,6 +76,9 @@ class Thresholds:
     max_slowdown_pct: float = 10.0
     max_memory_growth_pct: float = 5.0
     max_accuracy_drop_pts: float = 1.0
+    # Peak memory must also grow by more than this many MiB: CPU peaks are RSS, which moves by pages and
+    # malloc arenas (±16 MiB between back-to-back runs here), a lot of percent on a tiny model's 15 MiB.
+    min_peak_growth_mib: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -196,10 +200,13 @@ def _limit(metric: Metric, limits: Thresholds) -> float:
             "accuracy": -limits.max_accuracy_drop_pts}[metric.check]
 
 
-def crossed(metric: Metric, change: Change | None, limits: Thresholds) -> str | None:
+def crossed(metric: Metric, change: Change | None, limits: Thresholds, growth: float | None = None) -> str | None:
     """The regression message, or None. With a CI, its bound nearest no-change must clear the threshold:
-    the gate fires only when it is 95 % sure the change is worse than the threshold allows."""
+    the gate fires only when it is 95 % sure the change is worse than the threshold allows. `growth` is
+    NEW - BASE in the metric's unit, for the peak-memory floor."""
     if change is None:
+        return None
+    if metric.column == "train_mem_mib" and growth is not None and growth <= limits.min_peak_growth_mib:
         return None
     limit = _limit(metric, limits)
     unit = "pts" if metric.check == "accuracy" else "%"
@@ -281,7 +288,8 @@ def compare(base: list[Record], new: list[Record], limits: Thresholds) -> Compar
                         f"{metric.column}_low": None if change is None else change.low,
                         f"{metric.column}_high": None if change is None else change.high,
                         f"{metric.column}_test": None if change is None else change.test})
-            problem = crossed(metric, change, limits)
+            growth = None if before is None or after is None else after - before
+            problem = crossed(metric, change, limits, growth)
             if problem:
                 problems.append(problem)
         row["regression"] = "; ".join(problems)

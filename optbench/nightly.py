@@ -46,7 +46,8 @@ OPTIMIZER_BENCHMARKS = ("test_optimizer_step.py::test_optimizer_step", "test_tra
 # Calibrated in docs/benchmarks.md ("Noise and thresholds"): the spread of back-to-back runs of one commit,
 # with head room. A shared CPU box moves step times by far more than a dedicated GPU does.
 DEFAULT_THRESHOLDS = {
-    "cpu": compare.Thresholds(max_slowdown_pct=20.0, max_memory_growth_pct=5.0, max_accuracy_drop_pts=2.0),
+    "cpu": compare.Thresholds(max_slowdown_pct=20.0, max_memory_growth_pct=5.0, max_accuracy_drop_pts=2.0,
+                              min_peak_growth_mib=32.0),
     "cuda": compare.Thresholds(max_slowdown_pct=5.0, max_memory_growth_pct=2.0, max_accuracy_drop_pts=1.0),
 }
 
@@ -200,7 +201,9 @@ def render_summary(night: Night, env: dict) -> str:
              + (f", workload {config.workload}" if config.workload else "")
              + (f", optimizers {', '.join(config.optimizers)}" if config.optimizers else ""),
              f"- thresholds: slowdown {limits.max_slowdown_pct:g} %, memory growth {limits.max_memory_growth_pct:g} %, "
-             f"accuracy drop {limits.max_accuracy_drop_pts:g} pts (each beyond its 95 % CI where one exists)",
+             f"accuracy drop {limits.max_accuracy_drop_pts:g} pts (each beyond its 95 % CI where one exists)"
+             + (f"; peak memory must also grow by > {limits.min_peak_growth_mib:g} MiB" if limits.min_peak_growth_mib
+                else ""),
              "- stages: " + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in night.stage_s.items()),
              *(f"- {note}" for note in night.notes), ""]
     if night.regressions:

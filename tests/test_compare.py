@@ -246,3 +246,14 @@ def test_environment_mismatch_warns_and_strict_env_refuses(tmp_path, capsys):
 def test_a_library_missing_in_one_run_is_a_difference():
     without, with_it = _stamped(BASE, torchao=None), _stamped(BASE, torchao="0.18.0")
     assert compare.environment_differences(without, with_it) == ["torchao: None → 0.18.0"]
+
+
+def test_peak_memory_floor_ignores_small_absolute_growth():
+    metric = next(m for m in compare.METRICS if m.column == "train_mem_mib")
+    change = compare.Change(49.0)  # 15 -> 23 MiB: RSS noise of a tiny model in a shared process
+    floor = compare.Thresholds(min_peak_growth_mib=32)
+    assert compare.crossed(metric, change, compare.Thresholds(), growth=8.0) == "peak memory +49.0 % (limit 5 %)"
+    assert compare.crossed(metric, change, floor, growth=8.0) is None
+    assert compare.crossed(metric, change, floor, growth=40.0) is not None
+    state = next(m for m in compare.METRICS if m.column == "state_mib")
+    assert compare.crossed(state, change, floor, growth=0.1) is not None  # state bytes are exact: no floor
