@@ -93,10 +93,6 @@ class Change:
     high: float | None = None
     test: str = "threshold"  # "bootstrap" | "paired-t" | "threshold"
 
-    @property
-    def within_noise(self) -> bool:
-        return self.low is not None and self.high is not None and self.low <= 0 <= self.high
-
 
 @dataclass
 class Comparison:
