@@ -320,8 +320,9 @@ def _cell(metric: Metric, row: pd.Series) -> str:
 
 LEGEND = ("Change NEW vs BASE with its 95 % CI. Times: ratio of the medians of the per-step samples (seeds "
           "pooled), bootstrap CI; accuracy: paired over shared seeds, Student-t CI; memory and state: plain "
-          "threshold (they do not vary between runs of one build). A change regresses only when its whole CI "
-          "lies beyond the threshold; \"no CI\": no samples or a single seed, plain threshold.")
+          "threshold (state bytes are exact; a peak must also clear the peak-growth floor, if set). A change "
+          "regresses only when its whole CI lies beyond the threshold; \"no CI\": no samples or a single seed, "
+          "plain threshold.")
 
 
 def render_header(comparison: Comparison) -> str:
