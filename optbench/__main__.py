@@ -1,4 +1,4 @@
-"""Command line: `python -m optbench run | list | report | compare | estimate`.
+"""Command line: `python -m optbench run | list | report | compare | nightly | estimate`.
 
 Usage errors (unknown optimizer, bad numbers, missing files or columns) print one line on stderr and
 exit with 2; nothing here prints a traceback for bad input. torch and friends are imported only by the
@@ -161,9 +161,31 @@ def build_parser() -> argparse.ArgumentParser:
                          help="peak-memory or state growth allowed, in %% (default 5%%)")
     compare.add_argument("--max-accuracy-drop", type=_non_negative_float, default=1.0, metavar="PTS",
                          help="eval-accuracy drop allowed, in percentage points (default 1.0)")
+    compare.add_argument("--strict-env", action="store_true",
+                         help="refuse (exit 2) runs whose environments differ (machine, versions, threads) "
+                              "instead of warning in the table's header")
     compare.add_argument("--export-github-benchmark", type=Path, metavar="FILE",
                          help="write NEW's numbers for github-action-benchmark: FILE (customSmallerIsBetter: "
                               "times, memory) and FILE-accuracy (customBiggerIsBetter)")
+
+    nightly = commands.add_parser("nightly", help="one night: benchmark suite, sweep, reports, compare with "
+                                                  "BASELINE (rotated only when clean); exit 1 on a regression")
+    nightly.add_argument("--device", default="cuda", help="cpu, cuda or cuda:N (default cuda)")
+    nightly.add_argument("--preset", choices=["smoke", "nightly"], default="nightly",
+                         help="size of the sweep and of the benchmark suite (default nightly)")
+    nightly.add_argument("--baseline", type=Path, required=True,
+                         help="folder with the last clean night; empty or absent: this night becomes it")
+    nightly.add_argument("--out", type=Path, required=True, help="folder for this night's results and summary.md")
+    nightly.add_argument("--optimizers", type=_name_list, help="a subset (default: the sweep's set, the whole suite)")
+    nightly.add_argument("--workload", help="sweep workload instead of the preset's (e.g. tiny for a quick CPU night)")
+    for flag, unit in (("--max-slowdown", "PCT"), ("--max-memory-growth", "PCT"), ("--max-accuracy-drop", "PTS")):
+        nightly.add_argument(flag, type=_non_negative_float, metavar=unit,
+                             help="override the device's calibrated threshold (docs/benchmarks.md)")
+    nightly.add_argument("--strict-env", action="store_true",
+                         help="a baseline from another environment is an error (exit 2), not a warning")
+    nightly.add_argument("--accept", action="store_true",
+                         help="an intended change: report the comparison, then make this night the baseline "
+                              "even if it regressed (exit 0)")
 
     estimate = commands.add_parser("estimate", help="weights + grads + optimizer state memory, before running")
     size = estimate.add_mutually_exclusive_group(required=True)
@@ -346,6 +368,9 @@ def _compare(args: argparse.Namespace) -> int:
         comparison = compare.compare(runs["BASE"], runs["NEW"], limits)
     except compare.CompareError as exc:
         raise UsageError(str(exc)) from None
+    if args.strict_env and comparison.env_differences:
+        raise UsageError("--strict-env: BASE and NEW ran in different environments: "
+                         + "; ".join(comparison.env_differences))
     print(compare.render_markdown(comparison))
     if args.export_github_benchmark:
         try:
@@ -357,6 +382,35 @@ def _compare(args: argparse.Namespace) -> int:
         return 0
     print("Regressions:\n" + "\n".join(f"- {line}" for line in comparison.regressions))
     print(f"optbench: {len(comparison.regressions)} regression(s) beyond the thresholds", file=sys.stderr)
+    return EXIT_REGRESSION
+
+
+def _nightly(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from optbench import nightly
+
+    names = []
+    for name in args.optimizers or []:
+        try:
+            names.append(optimizers.resolve(name).name)
+        except optimizers.UnknownOptimizerError as exc:
+            raise UsageError(str(exc)) from None
+    overrides = {"max_slowdown_pct": args.max_slowdown, "max_memory_growth_pct": args.max_memory_growth,
+                 "max_accuracy_drop_pts": args.max_accuracy_drop}
+    limits = dataclasses.replace(nightly.thresholds_for(args.device),
+                                 **{key: value for key, value in overrides.items() if value is not None})
+    config = nightly.NightConfig(device=args.device, preset=args.preset, baseline=args.baseline, out=args.out,
+                                 thresholds=limits, optimizers=tuple(dict.fromkeys(names)), workload=args.workload,
+                                 strict_env=args.strict_env, accept=args.accept)
+    try:
+        night = nightly.run_night(config)
+    except nightly.NightlyError as exc:
+        raise UsageError(str(exc)) from None
+    print((args.out / "summary.md").read_text(encoding="utf-8"))
+    if night.clean or args.accept:
+        return 0
+    print(f"optbench: {len(night.regressions)} regression(s); baseline kept", file=sys.stderr)
     return EXIT_REGRESSION
 
 
@@ -391,7 +445,8 @@ def _list(_: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"run": _run, "list": _list, "report": _report, "estimate": _estimate, "compare": _compare}
+COMMANDS = {"run": _run, "list": _list, "report": _report, "estimate": _estimate, "compare": _compare,
+            "nightly": _nightly}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,6 +7,8 @@ measures: `optimizer_step` the optimizer-step median, `train_step` the step-time
 the accuracy. One Record per benchmark would make the report average unlike numbers (a bare
 `step()` with a whole train step) as if they were seeds. Other fields (state bytes, peak memory) come
 from the most complete benchmark present: the fine-tune, else the train step, else the step alone.
+With `--benchmark-save-data` the JSON also holds every timed round (`stats.data`); they become the
+Record's `*_samples_s`, which `compare` tests the change against.
 
 A folder is searched recursively for *.json, in path order; autosave names start with a counter
 (0001_, 0002_, ...), so a later run of the same job replaces an earlier one in the report, as a re-run
@@ -21,11 +23,11 @@ from typing import Any
 
 from optbench.results import Record
 
-# kind -> the Record fields its stats median and IQR fill (None: the Record already holds its numbers)
-TIMED_FIELDS: dict[str, tuple[str, str] | None] = {
+# kind -> the Record fields its stats median, IQR and raw rounds fill (None: the Record already holds them)
+TIMED_FIELDS: dict[str, tuple[str, str, str] | None] = {
     "finetune": None,
-    "train_step": ("step_time_median_s", "step_time_iqr_s"),
-    "optimizer_step": ("optimizer_step_median_s", "optimizer_step_iqr_s"),
+    "train_step": ("step_time_median_s", "step_time_iqr_s", "step_time_samples_s"),
+    "optimizer_step": ("optimizer_step_median_s", "optimizer_step_iqr_s", "optimizer_step_samples_s"),
 }
 # machine_info keys (set by benchmarks/conftest.py) copied into Record.env
 _ENV_KEYS = ("gpu", "cuda", "torch", "transformers", "datasets", "bitsandbytes", "torchao", "torch_threads")
@@ -90,6 +92,7 @@ def _merge(kinds: dict[str, dict[str, Any]], data: dict[str, Any]) -> Record:
             stats = kinds[kind]["stats"]
             setattr(record, fields[0], stats["median"])
             setattr(record, fields[1], stats.get("iqr"))
+            setattr(record, fields[2], _rounds(stats))
     if record.step_time_median_s and record.batch_size:
         record.samples_per_s = record.batch_size / record.step_time_median_s
     failed = [b["extra_info"] for b in ordered if b["extra_info"].get("status", "ok") != "ok"]
@@ -99,11 +102,20 @@ def _merge(kinds: dict[str, dict[str, Any]], data: dict[str, Any]) -> Record:
     return record
 
 
+def _rounds(stats: dict[str, Any]) -> list[float]:
+    """The timed rounds, present only when the run used --benchmark-save-data; compare tests against them."""
+    data = stats.get("data")
+    if not isinstance(data, list) or not all(isinstance(v, int | float) for v in data):
+        return []
+    return [float(v) for v in data]
+
+
 def _environment(data: dict[str, Any]) -> dict[str, Any]:
     machine = data.get("machine_info") if isinstance(data.get("machine_info"), dict) else {}
     commit = data.get("commit_info") if isinstance(data.get("commit_info"), dict) else {}
     cpu = machine.get("cpu") if isinstance(machine.get("cpu"), dict) else {}
     env = {key: machine.get(key) for key in _ENV_KEYS}
-    env.update(python=machine.get("python_version"), cpu=cpu.get("brand_raw"), git_commit=commit.get("id"),
+    env.update(python=machine.get("python_version"), cpu=cpu.get("brand_raw"), cpu_count=cpu.get("count"),
+               git_commit=commit.get("id"),
                source="pytest-benchmark")
     return env

@@ -106,3 +106,16 @@ def test_a_median_that_is_not_a_number_is_bad_input(tmp_path, capsys):
     path.write_text(json.dumps(_document(benches)))
     assert main(["report", str(path)]) == 2
     assert "has no numeric stats.median" in capsys.readouterr().err
+
+
+def test_raw_rounds_become_samples_when_saved(tmp_path):
+    benches = _suite()
+    benches[0]["stats"]["data"] = [0.09, 0.1, 0.11, 0.1, 0.12]  # --benchmark-save-data
+    path = tmp_path / "b.json"
+    doc = _document(benches)
+    doc["machine_info"]["cpu"]["count"] = 2
+    path.write_text(json.dumps(doc))
+    records = {r.optimizer: r for r in read_benchmark_records(path)}
+    assert records["adamw"].optimizer_step_samples_s == [0.09, 0.1, 0.11, 0.1, 0.12]
+    assert records["adamw"].step_time_samples_s == []  # train_step's rounds were not saved
+    assert records["adamw"].env["cpu_count"] == 2

@@ -4,8 +4,10 @@ bad input. Runs the CLI in-process on hand-written results files (no torch neede
 import dataclasses
 import json
 
+import numpy as np
 import pytest
 
+from optbench import compare
 from optbench.__main__ import main
 from optbench.results import Record, append_record
 
@@ -134,3 +136,124 @@ def test_bad_input_is_one_line_and_exit_2(base, bad_inputs, capsys, args, messag
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
+
+
+# --- noise-aware verdicts: per-step samples, seeds, environments ------------------------------------
+
+def _timed(optimizer, samples_s, seed=0, acc=0.9, **changes):
+    """An ok record whose step and optimizer-step samples are `samples_s` (medians filled to match)."""
+    record = dataclasses.replace(_ok(optimizer, "fp32", 100, 400, 0.2, acc), trial_id=f"t-{optimizer}-{seed}",
+                                 seed=seed, step_time_samples_s=list(samples_s),
+                                 optimizer_step_samples_s=[s / 4 for s in samples_s])
+    record.step_time_median_s = float(np.median(samples_s))
+    record.optimizer_step_median_s = record.step_time_median_s / 4
+    return dataclasses.replace(record, **changes)
+
+
+def _noisy(n, scale=1.0, spread=0.05, seed=0):
+    """Step times around 0.2 s * scale with a relative (log-normal) spread, as a shared machine produces them."""
+    return list(0.2 * scale * np.exp(spread * np.random.default_rng(seed).standard_normal(n)))
+
+
+def test_bootstrap_ci_brackets_the_true_ratio_and_is_reproducible():
+    ratio, low, high = compare.bootstrap_ratio_of_medians(_noisy(40, seed=1), _noisy(40, scale=1.3, seed=2))
+    assert low < 1.3 < high and low < ratio < high
+    assert compare.bootstrap_ratio_of_medians(_noisy(40, seed=1), _noisy(40, scale=1.3, seed=2)) == (ratio, low, high)
+
+
+def test_same_distribution_twice_is_within_noise(tmp_path, capsys):
+    base = _write(tmp_path / "a.jsonl", [_timed("adamw", _noisy(30, seed=1))])
+    new = _write(tmp_path / "b.jsonl", [_timed("adamw", _noisy(30, seed=2))])
+    assert main(["compare", str(base), str(new)]) == 0
+    assert "within noise" in capsys.readouterr().out
+
+
+def test_thirty_percent_slower_steps_fail_with_their_ci(tmp_path, capsys):
+    base = _write(tmp_path / "a.jsonl", [_timed("adamw", _noisy(30, seed=1))])
+    slow = _write(tmp_path / "b.jsonl", [_timed("adamw", _noisy(30, scale=1.3, seed=2))])
+    assert main(["compare", str(base), str(slow)]) == 1
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("- adamw [") and "optimizer step" in x)
+    assert "95 % CI" in line and "(limit 10 %)" in line
+
+
+def test_beyond_the_threshold_but_inside_the_noise_is_not_a_regression(tmp_path, capsys):
+    """Exactly 15 % slower (same draws, scaled) among steps spread by ~60 %: the CI reaches below +10 %."""
+    base = _write(tmp_path / "a.jsonl", [_timed("adamw", _noisy(6, spread=0.6, seed=3))])
+    new = _write(tmp_path / "b.jsonl", [_timed("adamw", _noisy(6, scale=1.15, spread=0.6, seed=3))])
+    comparison = compare.compare(compare_records(base), compare_records(new), compare.Thresholds())
+    (row,) = comparison.rows.itertuples()
+    assert row.step_ms_delta > 10 and row.step_ms_low < 10
+    assert comparison.regressions == []
+
+
+def test_a_clear_change_below_the_threshold_is_shown_but_passes(tmp_path):
+    base = _write(tmp_path / "a.jsonl", [_timed("adamw", _noisy(50, spread=0.01, seed=1))])
+    new = _write(tmp_path / "b.jsonl", [_timed("adamw", _noisy(50, scale=1.05, spread=0.01, seed=2))])
+    comparison = compare.compare(compare_records(base), compare_records(new), compare.Thresholds())
+    (row,) = comparison.rows.itertuples()
+    assert row.step_ms_low > 0 and comparison.regressions == []  # real, yet inside the 10 % allowance
+
+
+def compare_records(path):
+    from optbench.results import read_records
+
+    return read_records(path)
+
+
+def test_paired_accuracy_over_seeds(tmp_path, capsys):
+    base_acc, new_acc = [0.90, 0.88, 0.92], [0.86, 0.84, 0.885]  # every seed ~3.5 pts worse
+    base = _write(tmp_path / "a.jsonl", [_timed("adamw", _noisy(10), seed=s, acc=a) for s, a in enumerate(base_acc)])
+    new = _write(tmp_path / "b.jsonl", [_timed("adamw", _noisy(10), seed=s, acc=a) for s, a in enumerate(new_acc)])
+    assert main(["compare", str(base), str(new)]) == 1
+    assert "eval accuracy -3.8 pts, 95 % CI" in capsys.readouterr().out
+    mixed = _write(tmp_path / "c.jsonl", [_timed("adamw", _noisy(10), seed=s, acc=a)
+                                          for s, a in enumerate([0.93, 0.84, 0.905])])  # -1.3 pts on average
+    assert main(["compare", str(base), str(mixed)]) == 0  # seeds disagree: the CI spans zero
+    assert "within noise" in capsys.readouterr().out
+
+
+def test_paired_t_matches_the_textbook():
+    mean, low, high, n = compare.paired_mean_difference_ci({0: 1.0, 1: 2.0, 2: 3.0, 3: 9.0},
+                                                            {0: 2.0, 1: 4.0, 2: 6.0, 3: 9.0, 4: 0.0})
+    assert n == 4 and mean == pytest.approx(1.5)  # diffs 1, 2, 3, 0 over the shared seeds
+    assert (high - low) / 2 == pytest.approx(3.182 * np.std([1, 2, 3, 0], ddof=1) / 2)
+    assert compare._t975(40) == pytest.approx(2.021, abs=1e-3)  # beyond the table: the expansion
+
+
+def _stamped(records, **env):
+    return [dataclasses.replace(r, env={**r.env, **env}) for r in records]
+
+
+def test_environment_mismatch_warns_and_strict_env_refuses(tmp_path, capsys):
+    here = dict(cpu="AMD EPYC", torch="2.13.0", torch_threads=2, git_commit="a" * 40)
+    base = _write(tmp_path / "a.jsonl", _stamped(BASE, **here))
+    same = _write(tmp_path / "b.jsonl", _stamped(BASE, **{**here, "git_commit": "b" * 40}))
+    other = _write(tmp_path / "c.jsonl", _stamped(BASE, **{**here, "cpu": "Intel Xeon", "torch_threads": 8,
+                                                           "torchao": "0.18.0"}))
+    assert main(["compare", str(base), str(same), "--strict-env"]) == 0
+    out = capsys.readouterr().out
+    assert f"BASE commit {'a' * 12} → NEW commit {'b' * 12}" in out and "Warning" not in out
+    assert main(["compare", str(base), str(other)]) == 0
+    out = capsys.readouterr().out
+    assert "different environments" in out and "cpu: AMD EPYC → Intel Xeon" in out and "torch_threads: 2 → 8" in out
+    assert "torchao" not in out  # BASE does not stamp it at all: nothing to compare
+    assert main(["compare", str(base), str(other), "--strict-env"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cpu: AMD EPYC → Intel Xeon" in err[0]
+
+
+def test_a_library_missing_in_one_run_is_a_difference():
+    without, with_it = _stamped(BASE, torchao=None), _stamped(BASE, torchao="0.18.0")
+    assert compare.environment_differences(without, with_it) == ["torchao: None → 0.18.0"]
+
+
+def test_peak_memory_floor_ignores_small_absolute_growth():
+    metric = next(m for m in compare.METRICS if m.column == "train_mem_mib")
+    change = compare.Change(49.0)  # 15 -> 23 MiB: RSS noise of a tiny model in a shared process
+    floor = compare.Thresholds(min_peak_growth_mib=32)
+    assert compare.crossed(metric, change, compare.Thresholds(), growth=8.0) == "peak memory +49.0 % (limit 5 %)"
+    assert compare.crossed(metric, change, floor, growth=8.0) is None
+    assert compare.crossed(metric, change, floor, growth=40.0) is not None
+    state = next(m for m in compare.METRICS if m.column == "state_mib")
+    assert compare.crossed(state, change, floor, growth=0.1) is not None  # state bytes are exact: no floor

@@ -1,0 +1,164 @@
+"""`optbench nightly`: exit codes, baseline rotation and the summary, on stages replaced by hand-made results;
+and, opt-in (OPTBENCH_NIGHTLY_E2E=1, run by .ci/run), three real nights at smoke size on CPU."""
+
+import dataclasses
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from optbench import nightly
+from optbench.__main__ import main
+from optbench.results import Record, append_record
+
+MIB = 2**20
+JOB = dict(model="m", dataset="d", device="cpu", steps=8, batch_size=8, seq_len=32, workload="tiny", status="ok")
+
+
+def _record(optimizer, scale=1.0, state_mib=1.0, seed=0):
+    samples = list(0.02 * scale * np.exp(0.03 * np.random.default_rng(seed).standard_normal(12)))
+    median_s = float(np.median(samples))
+    return Record(trial_id=f"t-{optimizer}", optimizer=optimizer, state_precision="fp32",
+                  state_bytes=int(state_mib * MIB), peak_rss_growth_bytes=50 * MIB, peak_rss_bytes=500 * MIB,
+                  step_time_median_s=median_s, optimizer_step_median_s=median_s / 4, step_time_samples_s=samples,
+                  optimizer_step_samples_s=[s / 4 for s in samples], eval_accuracy=0.5,
+                  env={"cpu": "AMD EPYC", "torch": "2.13.0", "git_commit": "c" * 40}, **JOB)
+
+
+def _benchmark_json(records, path):
+    """What the suite writes: one optimizer_step benchmark per record, raw rounds saved."""
+    benches = [{"name": f"test_optimizer_step[{r.optimizer}]", "extra_info": {"kind": "optimizer_step", **r.to_dict()},
+                "stats": {"median": r.optimizer_step_median_s, "iqr": 0.0, "data": r.optimizer_step_samples_s}}
+               for r in records]
+    path.write_text(json.dumps({"machine_info": {"cpu": {"brand_raw": "AMD EPYC"}}, "commit_info": {"id": "c" * 40},
+                                "benchmarks": benches, "datetime": "2026-01-01T00:00:00"}))
+
+
+@pytest.fixture
+def fake_stages(monkeypatch):
+    """Replace the subprocess stages by writing these records as the night's sweep and benchmark results."""
+    night_records = {}
+
+    def run_stages(night):
+        out = night.config.out
+        for record in night_records["records"]:
+            append_record(out / nightly.SWEEP_FILE, record)
+        _benchmark_json(night_records["records"], out / nightly.BENCHMARK_FILE)
+        night.stage_s.update(benchmarks=1.0, sweep=1.0)
+
+    monkeypatch.setattr(nightly, "_run_stages", run_stages)
+    monkeypatch.setattr(nightly, "_write_reports", lambda night: None)
+    return lambda records: night_records.update(records=records)
+
+
+def _night(tmp_path, name, *extra):
+    return main(["nightly", "--device", "cpu", "--preset", "smoke", "--baseline", str(tmp_path / "baseline"),
+                 "--out", str(tmp_path / name), *extra])
+
+
+def test_first_night_writes_the_baseline_then_a_same_night_is_clean(tmp_path, fake_stages, monkeypatch, capsys):
+    step_summary = tmp_path / "step-summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(step_summary))
+    fake_stages([_record("adamw"), _record("adafactor")])
+    assert _night(tmp_path, "n1") == 0
+    assert sorted(p.name for p in (tmp_path / "baseline").iterdir()) == sorted(nightly.BASELINE_FILES)
+    assert "first night" in (tmp_path / "n1" / "summary.md").read_text()
+    fake_stages([_record("adamw", seed=1), _record("adafactor", seed=1)])
+    assert _night(tmp_path, "n2") == 0
+    summary = (tmp_path / "n2" / "summary.md").read_text()
+    assert "## optbench nightly: clean" in summary and "within noise" in summary
+    assert step_summary.read_text().count("## optbench nightly:") == 2  # appended, night after night
+
+
+def test_a_regression_fails_and_keeps_the_baseline(tmp_path, fake_stages, capsys):
+    fake_stages([_record("adamw"), _record("adafactor")])
+    assert _night(tmp_path, "n1") == 0
+    before = (tmp_path / "baseline" / nightly.SWEEP_FILE).read_bytes()
+    fake_stages([_record("adamw", seed=1), _record("adafactor", scale=2.0, seed=1)])
+    assert _night(tmp_path, "n2") == 1
+    summary = (tmp_path / "n2" / "summary.md").read_text()
+    assert "## optbench nightly: REGRESSION" in summary
+    assert re.search(r"- sweep: adafactor \[.*optimizer step \+\d+\.\d %, 95 % CI \+\d", summary)
+    assert "- benchmark suite: adafactor [" in summary
+    assert "baseline" in summary and "kept" in summary
+    assert (tmp_path / "baseline" / nightly.SWEEP_FILE).read_bytes() == before
+    assert capsys.readouterr().err.strip().endswith("regression(s); baseline kept")
+
+
+def test_state_growth_beyond_the_threshold_fails(tmp_path, fake_stages):
+    fake_stages([_record("adamw")])
+    assert _night(tmp_path, "n1") == 0
+    fake_stages([_record("adamw", state_mib=1.2, seed=1)])
+    assert _night(tmp_path, "n2") == 1
+    assert "state +20.0 % (limit 5 %)" in (tmp_path / "n2" / "summary.md").read_text()
+    fake_stages([_record("adamw", state_mib=1.2, seed=2)])
+    assert _night(tmp_path, "n3", "--accept") == 0  # an intended change: reported, then the new baseline
+    assert "accepted with --accept" in (tmp_path / "n3" / "summary.md").read_text()
+    assert _night(tmp_path, "n4") == 0
+
+
+def test_an_out_folder_holding_a_night_is_refused(tmp_path, fake_stages, capsys):
+    fake_stages([_record("adamw")])
+    assert _night(tmp_path, "n1") == 0
+    assert _night(tmp_path, "n1") == 2
+    assert "already holds a night" in capsys.readouterr().err
+
+
+def test_a_baseline_of_another_job_is_a_setup_error(tmp_path, fake_stages, capsys):
+    fake_stages([_record("adamw")])
+    assert _night(tmp_path, "n1") == 0
+    fake_stages([dataclasses.replace(_record("adamw"), steps=99)])
+    assert _night(tmp_path, "n2") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is another job" in err[0]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--optimizers", "nope"], "unknown optimizer"),
+    (["--preset", "default"], "invalid choice"),
+    (["--max-slowdown", "fast"], "expected a number"),
+])
+def test_bad_arguments_are_one_line(tmp_path, capsys, args, message):
+    assert _night(tmp_path, "n", *args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0].lower(), err
+
+
+def test_stage_commands():
+    config = nightly.NightConfig(device="cpu", preset="smoke", baseline=Path("b"), out=Path("o"),
+                                 thresholds=nightly.thresholds_for("cpu"), optimizers=("adamw",), workload="tiny")
+    bench = nightly.benchmark_command(config, Path("o/benchmarks.json"))
+    assert "--benchmark-save-data" in bench and "--optbench-preset=smoke" in bench
+    assert "benchmarks/test_finetune.py::test_finetune[adamw]" in bench
+    sweep = nightly.sweep_command(config, Path("o/sweep.jsonl"))
+    assert sweep[-4:] == ["--optimizers", "adamw", "--workload", "tiny"]
+    assert nightly.thresholds_for("cuda:1") == nightly.DEFAULT_THRESHOLDS["cuda"]
+
+
+# --- three real nights (opt-in: about three minutes on 2 CPU cores) ----------------------------------------
+
+E2E = os.environ.get("OPTBENCH_NIGHTLY_E2E") == "1"
+
+
+@pytest.mark.skipif(not E2E, reason="runs three real nights (minutes): set OPTBENCH_NIGHTLY_E2E=1 (.ci/run does)")
+def test_three_nights_on_cpu(tmp_path, monkeypatch, capsys):
+    """Night 1 writes the baseline, night 2 (same code) is clean, night 3 (optimizer.step made 4x slower
+    by the test knob) is red, names the optimizer, the metric and the change, and keeps the baseline."""
+    monkeypatch.chdir(Path(nightly.__file__).parents[1])
+    quick = ["--workload", "tiny", "--optimizers", "adamw,adafactor"]
+    start = time.perf_counter()
+    assert _night(tmp_path, "n1", *quick) == 0
+    assert (tmp_path / "baseline" / nightly.SWEEP_FILE).is_file()
+    assert _night(tmp_path, "n2", *quick) == 0, (tmp_path / "n2" / "summary.md").read_text()
+    before = (tmp_path / "baseline" / nightly.SWEEP_FILE).read_bytes()
+    monkeypatch.setenv("OPTBENCH_TEST_OPTIMIZER_SLOWDOWN", "3.0")
+    assert _night(tmp_path, "n3", *quick) == 1
+    summary = (tmp_path / "n3" / "summary.md").read_text()
+    assert "optbench nightly: REGRESSION" in summary
+    assert any(line.startswith("- sweep: adamw [") and "optimizer step +" in line for line in summary.splitlines())
+    assert (tmp_path / "baseline" / nightly.SWEEP_FILE).read_bytes() == before
+    print(f"three nights: {time.perf_counter() - start:.0f} s")
