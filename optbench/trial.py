@@ -79,8 +79,13 @@ def record_from_spec(spec: TrialSpec) -> Record:
     try:
         workload = get_workload(spec.workload)
         record.target_metric, record.target_mode = workload.target_metric, workload.target_mode
+        record.model, record.dataset = workload.model_name(spec), workload.dataset_name(spec)
     except WorkloadError:
         pass
+    # Where it would have run and on what: a failed trial's record still lands in its job (compare, report).
+    if spec.device == "auto":
+        record.device = "cuda" if torch.cuda.is_available() else "cpu"
+    record.env = environment()
     return record
 
 
@@ -121,7 +126,6 @@ def setup(spec: TrialSpec, record: Record) -> Setup:
 
     device = resolve_device(spec.device)
     record.device, record.device_name = str(device), device_name(device)
-    record.env = environment()
     precision = parse_precision(spec.precision)
     record.param_dtype, record.autocast_dtype = dtype_name(precision.param_dtype), dtype_name(precision.autocast_dtype)
     entry = resolve(spec.optimizer)

@@ -53,6 +53,14 @@ class Workload:
     target_mode: str = "max"  # "max": larger is better; "min": smaller is better
     description: str = ""
 
+    def model_name(self, spec: TrialSpec) -> str:
+        """The model's name in records, known before building (a trial that fails early still groups
+        with its job in the report)."""
+        return spec.model or spec.workload
+
+    def dataset_name(self, spec: TrialSpec) -> str:
+        return spec.dataset or "embedded-reviews"
+
     def lr_scale(self, spec: TrialSpec) -> float:
         """Factor on the registry's fine-tuning lr (a model trained from scratch wants larger steps)."""
         return 1.0

@@ -92,6 +92,11 @@ class Classification(Workload):
             return spec.model
         return minilm_path() if self.pretrained else None
 
+    def model_name(self, spec: TrialSpec) -> str:
+        if spec.model:
+            return spec.model
+        return "all-MiniLM-L6-v2" if self.pretrained else f"tiny-bert-h{tiny_width(spec.workload)}"
+
     def check(self, spec: TrialSpec) -> None:
         if not self.pretrained and not spec.model:
             tiny_width(spec.workload)
@@ -115,14 +120,13 @@ class Classification(Workload):
         torch.manual_seed(spec.seed)  # the classification head (and a tiny model) start from the trial's seed
         if source is None:
             config = tiny_bert_config(tiny_width(spec.workload), self.num_labels, tokenizer.vocab_size)
-            model, model_name = BertForSequenceClassification(config), f"tiny-bert-h{config.hidden_size}"
+            model = BertForSequenceClassification(config)
         else:
             check_model(source)
             model = AutoModelForSequenceClassification.from_pretrained(source, num_labels=self.num_labels)
-            model_name = spec.model or "all-MiniLM-L6-v2"
         splits = split_for_stage(spec, _tokenize(tokenizer, train, spec.seq_len),
                                  _tokenize(tokenizer, held_out, spec.seq_len))
-        return Built(model=model, model_name=model_name, dataset_name=dataset_name, train=splits[0],
+        return Built(model=model, model_name=self.model_name(spec), dataset_name=dataset_name, train=splits[0],
                      val=splits[1], eval=splits[2], chance_loss=math.log(self.num_labels),
                      pretrained=source is not None)
 

@@ -74,6 +74,12 @@ class CausalLM(Workload):
         # The registry's lrs are for fine-tuning; from random init 20x larger (AdamW 1e-3) trains well.
         return 1.0 if spec.model else 20.0
 
+    def model_name(self, spec: TrialSpec) -> str:
+        return spec.model or f"llama-h{LM_HIDDEN_SIZE}-l{LM_LAYERS}"
+
+    def dataset_name(self, spec: TrialSpec) -> str:
+        return spec.dataset or "embedded-reviews (text)"
+
     def _texts(self, spec: TrialSpec) -> tuple[list[str], list[str], str]:
         if spec.dataset is None:
             train, held_out = data.embedded_splits()
@@ -94,13 +100,12 @@ class CausalLM(Workload):
         tokenizer = load_tokenizer(spec.model)
         torch.manual_seed(spec.seed)
         if spec.model:
-            model, model_name = AutoModelForCausalLM.from_pretrained(spec.model), spec.model
+            model = AutoModelForCausalLM.from_pretrained(spec.model)
         else:
             model = LlamaForCausalLM(llama_config(len(tokenizer), max(spec.seq_len, 128)))
-            model_name = f"llama-h{LM_HIDDEN_SIZE}-l{LM_LAYERS}"
         train, val, evaluation = split_for_stage(spec, pack(tokenizer, train_texts, spec.seq_len),
                                                  pack(tokenizer, held_out_texts, spec.seq_len))
-        return Built(model=model, model_name=model_name, dataset_name=dataset_name, train=train, val=val,
+        return Built(model=model, model_name=self.model_name(spec), dataset_name=dataset_name, train=train, val=val,
                      eval=evaluation, chance_loss=math.log(len(tokenizer)), pretrained=bool(spec.model))
 
     def evaluate(self, model: torch.nn.Module, split: Split, device: torch.device) -> dict[str, float]:
