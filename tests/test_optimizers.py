@@ -169,6 +169,7 @@ def test_low_rank_entries_take_rank_and_target_modules(name, tiny_models):
     model = copy.deepcopy(tiny_models[torch.float32])
     kwargs = {"rank": 4, "target_modules": ["intermediate.dense"]}
     optimizer = spec.build_for(model, **kwargs)
+    torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)  # wraps optimizer.step, as the trial's does
     _train(model, optimizer)
     assert optimizer_state_bytes(optimizer)[0] == spec.analytic_for(model, **kwargs).state_bytes
     projected = model.bert.encoder.layer[0].intermediate.dense.weight  # (256, 64): moments (256, 4)

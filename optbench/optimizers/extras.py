@@ -107,22 +107,23 @@ def _low_rank_count(moments: Any, projection_numel: Any):
     return count
 
 
-def _expose_projections(optimizer: Any) -> Any:
+def _exposing_projections(cls: type) -> type:
     """GaLore and APOLLO keep each projection matrix on a projector object the state probe cannot see;
-    after every step a reference to it sits in state['projection'] (same storage, no copy), so it is
-    measured like any other state."""
-    step = optimizer.step
+    this subclass puts a reference to it in state['projection'] after every step (same storage, no
+    copy), so it is measured like any other state. A subclass, not a patched `step`: lr schedulers
+    wrap `optimizer.step` and expect a bound method."""
 
-    def step_and_expose(*args: Any, **kwargs: Any) -> Any:
-        loss = step(*args, **kwargs)
-        for state in optimizer.state.values():
-            projector = state.get("projector")
-            if projector is not None and projector.ortho_matrix is not None:
-                state["projection"] = projector.ortho_matrix
-        return loss
+    class ExposingProjections(cls):
+        def step(self, *args: Any, **kwargs: Any) -> Any:
+            loss = super().step(*args, **kwargs)
+            for state in self.state.values():
+                projector = state.get("projector")
+                if projector is not None and projector.ortho_matrix is not None:
+                    state["projection"] = projector.ortho_matrix
+            return loss
 
-    optimizer.step = step_and_expose
-    return optimizer
+    ExposingProjections.__name__ = ExposingProjections.__qualname__ = cls.__name__
+    return ExposingProjections
 
 
 def _low_rank_factory(module: str, class_name: str, group_defaults: dict[str, Any]):
@@ -130,13 +131,13 @@ def _low_rank_factory(module: str, class_name: str, group_defaults: dict[str, An
              proj_type: str = "std", target_modules: list[str] | None = None, **kwargs: Any) -> Any:
         import importlib
 
-        cls = getattr(importlib.import_module(module), class_name)
+        cls = _exposing_projections(getattr(importlib.import_module(module), class_name))
         targets = [t for facts, t in pairs if _is_target(facts, target_modules)]
         rest = [t for facts, t in pairs if not _is_target(facts, target_modules)]
         low_rank = {"params": targets, "rank": rank, "update_proj_gap": update_proj_gap, "proj_type": proj_type,
                     **group_defaults}
         groups = [g for g in ({"params": rest}, low_rank) if g["params"]]
-        return _expose_projections(cls(groups, lr=lr, **kwargs))
+        return cls(groups, lr=lr, **kwargs)
 
     return make
 
