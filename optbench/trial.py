@@ -152,7 +152,7 @@ def describe_model(record: Record, model: torch.nn.Module, entry: OptimizerSpec)
     record.weights_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     record.grads_bytes = sum(p.numel() * p.element_size() for p in params)
     record.factored_numel = factored_numel([tuple(p.shape) for p in params])
-    facts = entry.analytic_for(model)
+    facts = entry.analytic_for(model, **record.optimizer_kwargs)  # kwargs such as rank change the count
     record.analytic_state_bytes = facts.state_bytes
     record.analytic_state_bytes_per_param = facts.state_bytes / record.num_params
     record.fp32_state_fraction = facts.fp32_state_numel / record.num_params
