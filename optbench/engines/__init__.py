@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from optbench.measure import MemoryWindow
     from optbench.results import Record
+    from optbench.plan import TrialSpec
     from optbench.trial import Setup
 
-ENGINES = ("native",)
+ENGINES = ("native", "trainer", "accelerate")
 
 
 @dataclass
@@ -34,3 +35,10 @@ def get_engine(name: str) -> Engine:
     if name not in ENGINES:
         raise ValueError(f"unknown engine '{name}'; known: {', '.join(ENGINES)}")
     return importlib.import_module(f"optbench.engines.{name}").train
+
+
+def engine_for(spec: TrialSpec) -> Engine:
+    """The spec's engine; a parallel mode (ddp, zero1, fsdp2) trains through engines/parallel.py."""
+    if spec.parallel != "none":
+        return importlib.import_module("optbench.engines.parallel").train
+    return get_engine(spec.engine)
