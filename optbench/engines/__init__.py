@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from optbench.measure import MemoryWindow
-    from optbench.results import Record
     from optbench.plan import TrialSpec
+    from optbench.results import Record
     from optbench.trial import Setup
 
 ENGINES = ("native", "trainer", "accelerate")

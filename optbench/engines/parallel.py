@@ -198,8 +198,8 @@ def _ddp(s: Setup, record: Record) -> None:
     from torch.nn.parallel import DistributedDataParallel
 
     # Gradients as views of DDP's all-reduce buckets: one copy of the gradients, not two.
-    s.model = DistributedDataParallel(s.model, device_ids=[torch.cuda.current_device()] if s.device.type == "cuda" else None,
-                                      gradient_as_bucket_view=True)
+    device_ids = [torch.cuda.current_device()] if s.device.type == "cuda" else None
+    s.model = DistributedDataParallel(s.model, device_ids=device_ids, gradient_as_bucket_view=True)
 
 
 def _zero1(s: Setup, record: Record) -> None:
