@@ -26,7 +26,8 @@ def test_engines_hold_the_same_state(records, name):
     native = by_engine["native"]
     assert native.state_bytes == native.analytic_state_bytes
     for engine, record in by_engine.items():
-        assert (record.state_bytes, record.state_bytes_by_key) == (native.state_bytes, native.state_bytes_by_key), engine
+        assert record.state_bytes == native.state_bytes, engine
+        assert record.state_bytes_by_key == native.state_bytes_by_key, engine
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -34,7 +35,8 @@ def test_engine_fills_the_timing_and_quality_fields(records, engine):
     record = records[engine, OPTIMIZERS[0]]
     assert len(record.loss_curve) == TINY["steps"] and record.train_loss_final > 0
     assert record.first_step_s > 0
-    assert len(record.step_time_samples_s) == len(record.optimizer_step_samples_s) == TINY["steps"] - TINY["warmup_steps"]
+    timed_steps = TINY["steps"] - TINY["warmup_steps"]
+    assert len(record.step_time_samples_s) == len(record.optimizer_step_samples_s) == timed_steps
     assert record.step_time_median_s > record.optimizer_step_median_s > 0
     assert record.peak_rss_bytes > 0 and record.peak_rss_growth_bytes is not None
     assert 0 <= record.eval_accuracy <= 1
