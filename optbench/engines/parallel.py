@@ -224,3 +224,41 @@ def _fsdp2(s: Setup, record: Record) -> None:
     _rebuild_optimizer(s, record, lambda: s.entry.build_for(s.model, lr=record.lr, **s.spec.optimizer_kwargs))
 
 
+
+
+# -- the per-rank table ------------------------------------------------------------------------------
+def per_rank_markdown(records: list[Record]) -> str:
+    """One row per rank of each parallel record: what that rank held and how fast it stepped, with its
+    weights + grads + state next to a ddp rank's of the same optimizer (the figure sharding is for)."""
+    from tabulate import tabulate
+
+    mib = 2**20
+    ddp_held = {r.optimizer: _held_bytes(r.per_rank[0]) for r in records
+                if r.parallel == "ddp" and r.status == "ok" and r.per_rank}
+    headers = ["optimizer", "parallel", "rank", "status", "weights MiB", "grads MiB", "state MiB",
+               "weights+grads+state MiB", "% of a ddp rank", "peak RSS growth MiB", "step median ms", "eval acc"]
+    rows, notes = [], []
+    for record in records:
+        if not record.per_rank:
+            continue
+        for rank in record.per_rank:
+            held = _held_bytes(rank)
+            reference = ddp_held.get(record.optimizer)
+            rows.append([record.optimizer, f"{record.parallel} x{record.world_size}", rank["rank"], rank["status"],
+                         *(_fmt(rank.get(key), mib, 2) for key in ("weights_bytes", "grads_bytes", "state_bytes")),
+                         _fmt(held, mib, 2), f"{100 * held / reference:.1f}" if held and reference else "",
+                         _fmt(rank.get("peak_rss_growth_bytes"), mib, 0), _fmt(rank.get("step_time_median_s"), 1e-3, 0),
+                         _fmt(rank.get("eval_accuracy"), 1, 3)])
+        if record.status != "ok":
+            notes.append(f"- {record.optimizer} under {record.parallel}: {record.status}: {record.error}")
+    table = tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
+    return table + ("\n\n" + "\n".join(notes) if notes else "") + "\n"
+
+
+def _held_bytes(rank: dict[str, Any]) -> int | None:
+    parts = [rank.get(key) for key in ("weights_bytes", "grads_bytes", "state_bytes")]
+    return None if None in parts else sum(parts)
+
+
+def _fmt(value: float | None, unit: float, decimals: int) -> str:
+    return "" if value is None else f"{value / unit:,.{decimals}f}"
