@@ -238,7 +238,8 @@ def per_rank_markdown(records: list[Record]) -> str:
     headers = ["optimizer", "parallel", "rank", "status", "weights MiB", "grads MiB", "state MiB",
                "weights+grads+state MiB", "% of a ddp rank", "peak RSS growth MiB", "step median ms", "eval acc"]
     rows, notes = [], []
-    for record in records:
+    ordered = sorted(records, key=lambda r: MODES.index(r.parallel) if r.parallel in MODES else len(MODES))
+    for record in ordered:
         if not record.per_rank:
             continue
         for rank in record.per_rank:
