@@ -45,7 +45,8 @@ def test_readme_example_appends_one_record(user_run):
     [record] = read_records(path)
     assert record.status == "ok" and record.engine == "trainer" and record.optimizer == "adamw_torch"
     adamw = optimizers.resolve("adamw").analytic_for(trainer.model)
-    assert record.state_bytes == adamw.state_bytes
+    assert record.state_bytes == record.analytic_state_bytes == adamw.state_bytes
+    assert record.state_precision == "fp32"  # adamw_torch is the registry's adamw
     assert set(record.state_bytes_by_key) == {"exp_avg", "exp_avg_sq", "step"}
     assert record.num_params == sum(p.numel() for p in trainer.model.parameters())
     assert record.peak_rss_bytes > 0 and record.peak_rss_growth_bytes is not None

@@ -1,6 +1,9 @@
 """Engines: the loop that trains a prepared trial (`trial.Setup`) and returns its timings.
 
-`native` is optbench's own loop. An engine is a function `(setup, record) -> EngineResult` that trains
+`native` is optbench's own loop, `trainer` runs the trial through Hugging Face `Trainer` and
+`accelerate` through an Accelerate loop (the loops people train with; same optimizer, same state); a
+parallel mode (ddp, zero1, fsdp2: `parallel.py`) wraps the native loop in each rank of a torchrun
+group. An engine is a function `(setup, record) -> EngineResult` that trains
 `setup.spec.steps` steps, fills `record.loss_curve`, `first_step_s` and `eval_curve`, and returns the
 memory window it opened plus the per-step times after warm-up; the trial does the rest.
 """

@@ -33,8 +33,11 @@ from optbench.results import Record
 class OptbenchCallback(TrainerCallback):
     """Measure a Trainer run; with `results_path`, append its record there when training ends.
 
-    `record` lets a caller (optbench's `trainer` engine) fill its own record; the callback then only
-    measures and leaves the describing and writing to the caller.
+    `settings` are Record fields the callback cannot see from Trainer (`workload="reviews"`,
+    `dataset=...`, `seq_len=128`): the report's headings and grouping use them. `optimizer_name` may be a
+    registry name or Trainer's `optim` alias; a known one also fills the state precision and the
+    analytic state bytes. `record` lets a caller (optbench's `trainer` engine) fill its own record; the
+    callback then only measures and leaves the describing and writing to the caller.
     """
 
     def __init__(self, results_path: str | Path | None = None, optimizer_name: str = "", warmup_steps: int = 5,
@@ -130,6 +133,10 @@ class OptbenchCallback(TrainerCallback):
             record.num_params = sum(p.numel() for p in params)
             record.weights_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
             record.grads_bytes = sum(p.numel() * p.element_size() for p in params)
+        entry = _registry_entry(record.optimizer)
+        if entry is not None and model is not None:
+            record.state_precision = record.state_precision or entry.precision
+            record.analytic_state_bytes = entry.analytic_for(model).state_bytes
         if optimizer is not None:
             optimizer = getattr(optimizer, "optimizer", optimizer)  # Accelerate wraps Trainer's optimizer
             record.optimizer = record.optimizer or type(optimizer).__name__
@@ -148,3 +155,13 @@ class OptbenchCallback(TrainerCallback):
         else:
             record.status, record.error = "diverged", f"loss became non-finite at step {self.diverged_at}"
         return record
+
+
+def _registry_entry(name: str):
+    """The registry entry `name` names (registry names and Trainer's `optim` aliases), else None."""
+    from optbench.optimizers import UnknownOptimizerError, resolve
+
+    try:
+        return resolve(name) if name else None
+    except UnknownOptimizerError:
+        return None
