@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import NoReturn
 
 from optbench import optimizers
+from optbench.engines import ENGINES
+from optbench.engines.parallel import MODES as PARALLEL_MODES
 from optbench.plan import PRECISIONS, PRESETS, build_grid
 
 EXIT_USAGE = 2
@@ -118,6 +120,12 @@ def build_parser() -> argparse.ArgumentParser:
                                         "scratch) or tiny (random-init BERT, for tests); see optbench.workloads")
     run.add_argument("--precision", choices=PRECISIONS, default="fp32",
                      help="fp32 | bf16-autocast | fp16-autocast | bf16 (bf16 weights and grads, no fp32 master)")
+    run.add_argument("--engine", choices=ENGINES, default="native",
+                     help="training loop: native (optbench's own), trainer (HF Trainer) or accelerate")
+    run.add_argument("--parallel", choices=("none", *PARALLEL_MODES), default="none",
+                     help="data-parallel mode across --nproc processes (torchrun): ddp, zero1 (state sharded) "
+                          "or fsdp2 (weights, grads and state sharded)")
+    run.add_argument("--nproc", type=_positive_int, help="processes (ranks) for --parallel (default 2)")
     run.add_argument("--eval-every", type=_positive_int,
                      help="evaluate a fixed eval subset every K steps (untimed): eval curve and time to target")
     run.add_argument("--target", type=_finite_float,
@@ -195,7 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
                           help="with --model: add a sequence-classification head with this many classes")
     estimate.add_argument("--results", type=Path, help="results file: use its measured state bytes/param")
     estimate.add_argument("--gpus", type=_positive_int, default=1,
-                          help="data-parallel GPUs; >1 adds a ZeRO-1 column (optimizer state sharded)")
+                          help="data-parallel GPUs; >1 adds ZeRO-1/2/3 columns (state / + grads / + weights sharded)")
     estimate.add_argument("--gpu-memory", type=_memory_size, help="memory per GPU, e.g. 80GiB, 24GB: says what fits")
     return parser
 
@@ -232,7 +240,7 @@ def _run(args: argparse.Namespace) -> int:
         batch_size=args.batch_size or preset.batch_size, seq_len=args.seq_len or preset.seq_len,
         eval_size=args.eval_size or preset.eval_size, lr=args.lr,
         timeout_s=args.timeout or preset.timeout_s, fidelity=args.fidelity, precision=args.precision,
-        eval_every=args.eval_every or 0, target=args.target,
+        eval_every=args.eval_every or 0, target=args.target, **_parallel_settings(args),
     )
     seeds = args.seeds if args.seeds else list(preset.seeds)
     specs = [dataclasses.replace(spec, optimizer_kwargs=kwargs_by_optimizer.get(spec.optimizer, {}))
@@ -266,6 +274,22 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     _print_report([out], out_dir=None)
     return 0
+
+
+def _parallel_settings(args: argparse.Namespace) -> dict[str, object]:
+    """engine, parallel and nproc for the specs; a parallel mode runs the native loop under torchrun."""
+    if args.parallel == "none":
+        if args.nproc not in (None, 1):
+            raise UsageError("--nproc needs a --parallel mode (ddp, zero1 or fsdp2)")
+        return {"engine": args.engine}
+    if args.engine != "native":
+        raise UsageError(f"--parallel {args.parallel} trains with the native loop; drop --engine {args.engine}")
+    if args.fidelity:
+        raise UsageError("--fidelity is single-process only; drop it or --parallel")
+    nproc = args.nproc or 2
+    if nproc < 2:
+        raise UsageError(f"--parallel {args.parallel} needs --nproc 2 or more")
+    return {"engine": "native", "parallel": args.parallel, "nproc": nproc}
 
 
 def _check_inputs(spec) -> None:

@@ -23,6 +23,7 @@ from optbench.optimizers import FP32_BYTES, REGISTRY, Shape, UnknownOptimizerErr
 MIB = 2**20
 GIB = 2**30
 REFERENCE = "adamw"
+ZERO_STAGES = (1, 2, 3)  # what each GPU stops holding in full: 1 state, 2 + grads, 3 + weights
 _COUNT_SUFFIXES = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
 _BYTE_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
                "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -142,10 +143,16 @@ class Estimate:
     def state_bytes_per_param(self) -> float:
         return self.state_bytes / self.num_params
 
-    def per_gpu_bytes(self, gpus: int = 1, zero1: bool = False) -> int:
-        """Each data-parallel GPU holds full weights and grads; ZeRO-1 shards only the optimizer state."""
-        state_bytes = math.ceil(self.state_bytes / gpus) if zero1 else self.state_bytes
-        return self.weights_bytes + self.grads_bytes + state_bytes
+    def per_gpu_bytes(self, gpus: int = 1, stage: int = 0) -> int:
+        """Weights + grads + state on each of `gpus` data-parallel GPUs under ZeRO `stage`: 0 (plain data
+        parallel) keeps a full copy of all three per GPU; stage 1 shards the optimizer state, stage 2 the
+        gradients too, stage 3 (FSDP's full sharding) the weights too. Each sharded part is 1/gpus,
+        rounded up; the whole-tensor granularity real sharding has (ZeRO-1 places whole parameters) is
+        what separates this from measured per-rank figures."""
+        def part(n_bytes: int, sharded_from: int) -> int:
+            return math.ceil(n_bytes / gpus) if stage >= sharded_from else n_bytes
+
+        return part(self.weights_bytes, 3) + part(self.grads_bytes, 2) + part(self.state_bytes, 1)
 
 
 def estimate(size: ModelSize, measured: dict[str, float] | None = None) -> list[Estimate]:
@@ -185,23 +192,20 @@ def render(estimates: Sequence[Estimate], size: ModelSize, gpus: int = 1, gpu_me
     reference = next((e.state_bytes for e in estimates if e.optimizer == REFERENCE), None)
     headers = ["optimizer", "precision", "state B/param", "from", "state MiB", "state GiB",
                "% of adamw state", "weights+grads+state GiB/GPU"]
-    if gpus > 1:
-        headers.append(f"ZeRO-1 GiB/GPU ({gpus} GPUs)")
+    stages = ZERO_STAGES if gpus > 1 else ()
+    headers += [f"ZeRO-{stage} GiB/GPU ({gpus} GPUs)" for stage in stages]
     if gpu_memory_bytes is not None:
         headers.append(f"fits {_gib(gpu_memory_bytes)} GiB")
-        if gpus > 1:
-            headers.append("fits with ZeRO-1")
+        headers += [f"fits with ZeRO-{stage}" for stage in stages]
     rows = []
     for e in estimates:
         row = [e.optimizer, e.precision, f"{e.state_bytes_per_param:.3f}", e.basis, _mib(e.state_bytes),
                _gib(e.state_bytes), f"{100 * e.state_bytes / reference:.1f}" if reference else "",
                _gib(e.per_gpu_bytes())]
-        if gpus > 1:
-            row.append(_gib(e.per_gpu_bytes(gpus, zero1=True)))
+        row += [_gib(e.per_gpu_bytes(gpus, stage)) for stage in stages]
         if gpu_memory_bytes is not None:
             row.append(_fits(e.per_gpu_bytes(), gpu_memory_bytes))
-            if gpus > 1:
-                row.append(_fits(e.per_gpu_bytes(gpus, zero1=True), gpu_memory_bytes))
+            row += [_fits(e.per_gpu_bytes(gpus, stage), gpu_memory_bytes) for stage in stages]
         rows.append(row)
     weights = estimates[0].weights_bytes
     notes = [f"{size.num_params:,} trainable parameters ({size.source}); fp32 weights {weights / MIB:,.1f} MiB "
@@ -209,6 +213,9 @@ def render(estimates: Sequence[Estimate], size: ModelSize, gpus: int = 1, gpu_me
              "per GPU = weights + grads + optimizer state; activations, temporaries and the CUDA context come on top",
              "MiB = 2^20 bytes, GiB = 2^30 bytes; from: measured (--results), analytic (exact, from the parameter "
              "shapes) or nominal (a large dense matrix)"]
+    if stages:
+        notes.append("ZeRO-1 shards the optimizer state across the GPUs, ZeRO-2 the grads too, ZeRO-3 (FSDP) the "
+                     "weights too")
     if any(e.basis == "nominal" and e.precision == "factored" for e in estimates):
         notes.append("factored state (adafactor) grows with rows + columns, not with parameters: nominally ~0 "
                      "B/param; --model gives its exact size")

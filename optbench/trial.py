@@ -231,6 +231,10 @@ def _is_oom(exc: BaseException) -> bool:
 
 def run_trial(spec: TrialSpec) -> Record:
     """Run one trial to a record; failures become a status, never an exception."""
+    from optbench.engines import parallel
+
+    if spec.parallel != "none" and not parallel.in_group():
+        return parallel.launch(spec)  # a torchrun group runs it; rank 0's record comes back
     record = record_from_spec(spec)
     start = time.perf_counter()
     try:
@@ -246,12 +250,12 @@ def run_trial(spec: TrialSpec) -> Record:
 
 
 def _train_and_measure(spec: TrialSpec, record: Record) -> None:
-    from optbench.engines import get_engine
+    from optbench.engines import engine_for
 
     s = setup(spec, record)
     describe_model(record, s.model, s.entry)
     record.device_copy_bandwidth_bytes_per_s = measure.copy_bandwidth_bytes_per_s(s.device)
-    result = get_engine(spec.engine)(s, record)
+    result = engine_for(spec)(s, record)
     describe_state(record, s.optimizer, s.entry)
     result.memory.fill(record)
     split_peak_memory(record)
@@ -273,10 +277,15 @@ def apply_process_settings(spec: TrialSpec) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """Child-process entry: read a spec, run it, write the record. Exit 0 whenever a record was written."""
+    """Child-process entry: read a spec, run it, write the record. Exit 0 whenever a record was written.
+    Inside a torchrun group (a parallel trial) each rank runs it and rank 0 writes the gathered record."""
+    from optbench.engines import parallel
+
     spec_path, record_path = Path(argv[0]), Path(argv[1])
     spec = TrialSpec.from_dict(json.loads(spec_path.read_text()))
     apply_process_settings(spec)
+    if spec.parallel != "none" and parallel.in_group():
+        return parallel.rank_main(spec, record_path)
     record = run_trial(spec)
     record_path.write_text(json.dumps(record.to_dict(), default=str))
     return 0

@@ -72,7 +72,7 @@ def test_zero1_shards_only_the_state_and_decides_what_fits(capsys):
     adamw = next(e for e in est.estimate(est.size_from_count(COURSE_PARAMS)) if e.optimizer == "adamw")
     fixed = adamw.weights_bytes + adamw.grads_bytes
     assert adamw.per_gpu_bytes(4) == fixed + adamw.state_bytes  # plain data parallel: a full copy per GPU
-    assert adamw.per_gpu_bytes(4, zero1=True) == fixed + math.ceil(adamw.state_bytes / 4)
+    assert adamw.per_gpu_bytes(4, stage=1) == fixed + math.ceil(adamw.state_bytes / 4)
 
     # 800 MiB per GPU: AdamW needs 1,004 MiB unsharded but 627 MiB with ZeRO-1 on 4 GPUs; 8-bit fits either way.
     code, out, _ = run(capsys, "--params", COURSE_PARAMS, "--gpus", 4, "--gpu-memory", "800MiB")

@@ -1,6 +1,9 @@
 """Engines: the loop that trains a prepared trial (`trial.Setup`) and returns its timings.
 
-`native` is optbench's own loop. An engine is a function `(setup, record) -> EngineResult` that trains
+`native` is optbench's own loop, `trainer` runs the trial through Hugging Face `Trainer` and
+`accelerate` through an Accelerate loop (the loops people train with; same optimizer, same state); a
+parallel mode (ddp, zero1, fsdp2: `parallel.py`) wraps the native loop in each rank of a torchrun
+group. An engine is a function `(setup, record) -> EngineResult` that trains
 `setup.spec.steps` steps, fills `record.loss_curve`, `first_step_s` and `eval_curve`, and returns the
 memory window it opened plus the per-step times after warm-up; the trial does the rest.
 """
@@ -14,10 +17,11 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from optbench.measure import MemoryWindow
+    from optbench.plan import TrialSpec
     from optbench.results import Record
     from optbench.trial import Setup
 
-ENGINES = ("native",)
+ENGINES = ("native", "trainer", "accelerate")
 
 
 @dataclass
@@ -34,3 +38,10 @@ def get_engine(name: str) -> Engine:
     if name not in ENGINES:
         raise ValueError(f"unknown engine '{name}'; known: {', '.join(ENGINES)}")
     return importlib.import_module(f"optbench.engines.{name}").train
+
+
+def engine_for(spec: TrialSpec) -> Engine:
+    """The spec's engine; a parallel mode (ddp, zero1, fsdp2) trains through engines/parallel.py."""
+    if spec.parallel != "none":
+        return importlib.import_module("optbench.engines.parallel").train
+    return get_engine(spec.engine)

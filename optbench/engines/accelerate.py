@@ -1,0 +1,82 @@
+"""The trial through an Accelerate loop: `accelerator.prepare` + `accelerator.backward`, as its examples write it.
+
+Accelerate owns the device placement, the autocast (its `mixed_precision`) and the data loader (a
+seeded shuffling `DataLoader` over the training split); the registry's optimizer and the trial's
+schedule go through `prepare`, which wraps them (AcceleratedOptimizer / AcceleratedScheduler) around the
+same objects, so the trial measures the very optimizer that ran. Timing follows the native engine:
+`measure.StepTimer` marks, one synchronize at the end of the step on CUDA.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import torch
+
+from optbench import measure
+from optbench.engines import EngineResult
+from optbench.engines.native import warm_up
+from optbench.engines.trainer import SplitDataset
+
+if TYPE_CHECKING:
+    from optbench.results import Record
+    from optbench.trial import Setup
+
+MIXED_PRECISION = {"bf16-autocast": "bf16", "fp16-autocast": "fp16"}  # others: "no" (pure bf16 is in the weights)
+
+
+def _batches(loader, steps: int):
+    """`steps` batches, starting a new epoch (a new shuffle) whenever the loader runs out."""
+    produced = 0
+    while True:
+        for batch in loader:
+            if produced == steps:
+                return
+            produced += 1
+            yield batch
+
+
+def train(s: Setup, record: Record) -> EngineResult:
+    from accelerate import Accelerator
+
+    from optbench.trial import Diverged, evaluate
+
+    spec = s.spec
+    accelerator = Accelerator(cpu=s.device.type == "cpu", mixed_precision=MIXED_PRECISION.get(spec.precision, "no"))
+    loader = torch.utils.data.DataLoader(SplitDataset(s.built.train), batch_size=spec.batch_size, shuffle=True,
+                                         drop_last=True, generator=torch.Generator().manual_seed(spec.seed))
+    model, optimizer, scheduler, loader = accelerator.prepare(s.model, s.optimizer, s.scheduler, loader)
+    curve_split = s.curve_split if spec.eval_every else None
+    warm_up(s)
+    memory = measure.MemoryWindow(s.device)
+    step_times: list[float] = []
+    optimizer_times: list[float] = []
+    trained_s = 0.0
+    for step, batch in enumerate(_batches(loader, spec.steps)):
+        timer = measure.StepTimer(s.device)
+        timer.mark("start")
+        with accelerator.autocast():
+            loss = s.workload.loss(model, batch)
+        accelerator.backward(loss)
+        timer.mark("step")
+        optimizer.step()
+        timer.mark("stepped")
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        timer.mark("end")
+        step_s = timer.seconds("start", "end")
+        trained_s += step_s
+        loss_value = loss.item()
+        record.loss_curve.append(loss_value)
+        if step == 0:
+            record.first_step_s = step_s
+        elif step >= spec.warmup_steps:
+            step_times.append(step_s)
+            optimizer_times.append(timer.seconds("step", "stepped"))
+        if not math.isfinite(loss_value):
+            raise Diverged(f"loss became {loss_value} at step {step}")
+        if curve_split is not None and (step + 1) % spec.eval_every == 0:
+            record.eval_curve.append([step + 1, trained_s, evaluate(s, curve_split)[record.target_metric]])
+    s.model = accelerator.unwrap_model(model)
+    return EngineResult(memory=memory, step_times=step_times, optimizer_times=optimizer_times)

@@ -1,0 +1,94 @@
+"""The trial through Hugging Face `Trainer`: the loop most fine-tuning runs actually use.
+
+The registry's optimizer and the trial's warm-up schedule go in as `optimizers=(optimizer, scheduler)`,
+the training split as a map-style dataset, the workload's loss through `compute_loss`; `OptbenchCallback`
+does the timing and the memory window. Trainer's own extras are off (no saving, reporting, evaluation,
+gradient clipping, NaN filtering of the logged loss) so the job is the native engine's: the differences
+left are Trainer's own (its shuffling order, its per-step bookkeeping), which is what this engine shows.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from typing import TYPE_CHECKING
+
+import torch
+from transformers import TrainerCallback
+
+from optbench.engines import EngineResult
+from optbench.engines.native import warm_up
+
+if TYPE_CHECKING:
+    from optbench.results import Record
+    from optbench.trial import Setup
+
+
+class SplitDataset(torch.utils.data.Dataset):
+    """A workload split (a dict of equally long tensors) as rows of dicts, which Trainer's collator stacks."""
+
+    def __init__(self, split: dict[str, torch.Tensor]) -> None:
+        self.split = split
+
+    def __len__(self) -> int:
+        return next(iter(self.split.values())).shape[0]
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return {k: v[index] for k, v in self.split.items()}
+
+
+class EvalCurve(TrainerCallback):
+    """`--eval-every`: the fixed curve subset scored every K steps, after the step's timing has closed."""
+
+    def __init__(self, s: Setup, record: Record, timing) -> None:
+        self.s, self.record, self.timing = s, record, timing
+        self.split = s.curve_split if s.spec.eval_every else None
+
+    def on_step_end(self, args, state, control, **kwargs):
+        from optbench.trial import evaluate
+
+        if self.split is not None and state.global_step % self.s.spec.eval_every == 0:
+            value = evaluate(self.s, self.split)[self.record.target_metric]
+            self.record.eval_curve.append([state.global_step, self.timing.trained_s, value])
+
+
+def training_arguments(s: Setup, output_dir: str):
+    from transformers import TrainingArguments
+
+    spec = s.spec
+    return TrainingArguments(
+        output_dir=output_dir, max_steps=spec.steps, per_device_train_batch_size=spec.batch_size,
+        seed=spec.seed, data_seed=spec.seed, use_cpu=s.device.type == "cpu",
+        bf16=spec.precision == "bf16-autocast", fp16=spec.precision == "fp16-autocast",
+        max_grad_norm=0.0,  # the native loop does not clip
+        logging_strategy="steps", logging_steps=1,  # one loss per step: the loss curve (logged after on_step_end)
+        logging_nan_inf_filter=False,  # a non-finite loss must show: it is how divergence is recorded
+        eval_strategy="no", save_strategy="no", report_to=[], disable_tqdm=not sys.stderr.isatty(),
+        dataloader_num_workers=0, remove_unused_columns=False,
+    )
+
+
+def train(s: Setup, record: Record) -> EngineResult:
+    from transformers import PrinterCallback, Trainer
+
+    from optbench.integrations.callback import OptbenchCallback
+    from optbench.trial import Diverged
+
+    workload = s.workload
+
+    class WorkloadTrainer(Trainer):
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            return workload.loss(model, inputs)  # Trainer wraps this in its bf16/fp16 autocast
+
+    callback = OptbenchCallback(record=record, warmup_steps=s.spec.warmup_steps)
+    warm_up(s)  # the same untimed pass as the native engine, so the memory baselines match
+    with tempfile.TemporaryDirectory(prefix="optbench-trainer-") as output_dir:
+        trainer = WorkloadTrainer(model=s.model, args=training_arguments(s, output_dir),
+                                  train_dataset=SplitDataset(s.built.train), optimizers=(s.optimizer, s.scheduler),
+                                  callbacks=[callback, EvalCurve(s, record, callback)])
+        trainer.remove_callback(PrinterCallback)  # it prints every per-step log line on stdout
+        trainer.train()
+    if callback.diverged_at is not None:
+        raise Diverged(f"loss became non-finite at step {callback.diverged_at}")
+    return EngineResult(memory=callback.memory, step_times=callback.step_times,
+                        optimizer_times=callback.optimizer_times)

@@ -1,0 +1,5 @@
+"""optbench inside other people's training loops: `OptbenchCallback` for a Hugging Face `Trainer`."""
+
+from optbench.integrations.callback import OptbenchCallback
+
+__all__ = ["OptbenchCallback"]

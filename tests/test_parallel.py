@@ -1,0 +1,112 @@
+"""Parallel trials as real 2-process torchrun groups on CPU (gloo) with the tiny BERT: what each rank holds."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from optbench import optimizers
+from optbench.__main__ import main
+from optbench.engines.parallel import MODES, launch_command
+from optbench.estimate import Estimate
+from optbench.plan import TrialSpec
+from optbench.trial import run_trial
+
+TINY = dict(workload="tiny", device="cpu", steps=4, warmup_steps=1, batch_size=8, seq_len=16, eval_size=24,
+            nproc=2, timeout_s=600)
+
+
+@pytest.fixture(scope="module")
+def adamw():
+    return {mode: run_trial(TrialSpec(optimizer="adamw", parallel=mode, **TINY)) for mode in MODES}
+
+
+def largest_tensor_state_bytes(record) -> int:
+    """AdamW's state for the model's largest parameter: the granularity ZeRO-1 shards at."""
+    from optbench.workloads import get_workload
+
+    model = get_workload("tiny").build(TrialSpec(optimizer="adamw", **TINY)).model
+    return 2 * 4 * max(p.numel() for p in model.parameters()) + 4
+
+
+def test_every_rank_reports(adamw):
+    for mode, record in adamw.items():
+        assert record.status == "ok", (mode, record.error)
+        assert (record.parallel, record.world_size) == (mode, 2)
+        assert [rank["rank"] for rank in record.per_rank] == [0, 1]
+        for rank in record.per_rank:
+            assert rank["status"] == "ok" and rank["state_bytes"] > 0 and rank["step_time_median_s"] > 0
+            assert rank["peak_rss_bytes"] > 0
+        assert record.state_bytes == record.per_rank[0]["state_bytes"]
+        assert 0 <= record.eval_accuracy <= 1
+
+
+def test_ddp_ranks_hold_everything_zero1_shards_the_state(adamw):
+    ddp, zero1 = adamw["ddp"], adamw["zero1"]
+    assert [r["state_bytes"] for r in ddp.per_rank] == [ddp.analytic_state_bytes] * 2
+    # Each parameter's state lives on exactly one rank; ZeRO-1 splits at whole tensors.
+    assert sum(r["state_bytes"] for r in zero1.per_rank) == ddp.state_bytes
+    for rank in zero1.per_rank:
+        assert abs(rank["state_bytes"] - ddp.state_bytes / 2) <= largest_tensor_state_bytes(ddp)
+        assert rank["weights_bytes"] == rank["grads_bytes"] == ddp.weights_bytes
+
+
+def test_fsdp2_halves_weights_grads_and_state(adamw):
+    ddp, fsdp2 = adamw["ddp"], adamw["fsdp2"]
+    for rank in fsdp2.per_rank:
+        assert rank["state_bytes"] == pytest.approx(ddp.state_bytes / 2, rel=0.01)
+        assert rank["weights_bytes"] == pytest.approx(ddp.weights_bytes / 2, rel=0.01)
+        assert rank["grads_bytes"] == pytest.approx(ddp.grads_bytes / 2, rel=0.01)
+
+
+def test_estimate_columns_match_the_measured_ranks(adamw):
+    ddp = adamw["ddp"]
+    estimate = Estimate(optimizer="adamw", precision="fp32", basis="measured", num_params=ddp.num_params,
+                        state_bytes=ddp.state_bytes, weights_bytes=ddp.weights_bytes, grads_bytes=ddp.grads_bytes)
+
+    def held(record, rank):
+        return sum(record.per_rank[rank][key] for key in ("weights_bytes", "grads_bytes", "state_bytes"))
+
+    for rank in (0, 1):
+        assert held(ddp, rank) == estimate.per_gpu_bytes(2, stage=0)
+        assert abs(held(adamw["zero1"], rank) - estimate.per_gpu_bytes(2, stage=1)) <= largest_tensor_state_bytes(ddp)
+        assert held(adamw["fsdp2"], rank) == pytest.approx(estimate.per_gpu_bytes(2, stage=3), rel=0.01)
+
+
+@pytest.mark.skipif(not optimizers.resolve("adamw8bit").available, reason="needs bitsandbytes")
+def test_an_optimizer_failing_under_fsdp2_keeps_the_library_message():
+    record = run_trial(TrialSpec(optimizer="adamw8bit", parallel="fsdp2", **TINY))
+    if record.status == "ok":  # a bitsandbytes that takes DTensors: then its state must be sharded too
+        assert all(rank["state_bytes"] > 0 for rank in record.per_rank)
+    else:
+        assert record.status == "error" and "DTensor" in record.error
+        assert [rank["status"] for rank in record.per_rank] == ["error", "error"]
+
+
+def test_launch_command_is_torchrun_from_this_interpreter():
+    spec = TrialSpec(optimizer="adamw", parallel="ddp", nproc=4)
+    command = launch_command(spec, Path("s.json"), Path("r.json"))
+    assert command[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    assert command[command.index("--nproc-per-node") + 1] == "4"
+    assert command[-4:] == ["-m", "optbench.trial", "s.json", "r.json"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--nproc", "2"], "--nproc needs a --parallel mode"),
+    (["--parallel", "ddp", "--engine", "trainer"], "native loop"),
+    (["--parallel", "fsdp2", "--nproc", "1"], "--nproc 2 or more"),
+    (["--parallel", "zero3"], "invalid choice"),
+])
+def test_bad_parallel_options_are_one_line(capsys, args, message):
+    assert main(["run", "--workload", "tiny", *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_per_rank_table_compares_each_rank_with_a_ddp_rank(adamw):
+    from optbench.engines.parallel import per_rank_markdown
+
+    rows = [line.split("|")[1:-1] for line in per_rank_markdown(list(adamw.values())).splitlines()[2:]]
+    share = {(cells[1].strip(), cells[2].strip()): float(cells[8]) for cells in rows}
+    assert share[("ddp x2", "0")] == share[("ddp x2", "1")] == 100.0
+    assert share[("fsdp2 x2", "0")] == pytest.approx(50, abs=1)
