@@ -14,7 +14,7 @@ import pytest
 import torch
 from bench_support import SIZES, BenchSize, trial_spec
 
-from optbench.optimizers import REGISTRY, OptimizerSpec
+from optbench.optimizers import REGISTRY, OptimizerSpec, UnknownOptimizerError, resolve
 
 if TYPE_CHECKING:
     from optbench.workloads import Built
@@ -35,6 +35,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--optbench-preset", choices=sorted(SIZES), default=None,
         help=f"benchmark size: smoke (tiny BERT, CI), default (MiniLM, ~4 min on 2 CPU cores), nightly (GPU); "
              f"default: ${PRESET_ENV} or 'default'")
+    parser.getgroup("optbench").addoption(
+        "--optbench-optimizers", default=None, metavar="NAMES",
+        help="comma-separated registry names to benchmark (default: every entry; unavailable ones skip)")
 
 
 def _preset_name(config: pytest.Config) -> str:
@@ -77,7 +80,18 @@ def workload(bench_size: BenchSize, device: torch.device) -> Built:
     return get_workload(spec.workload).build(spec)
 
 
-@pytest.fixture(params=list(REGISTRY), ids=list(REGISTRY))
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Every registry entry (or those of --optbench-optimizers) becomes a parameter of `optimizer_spec`."""
+    if "optimizer_spec" in metafunc.fixturenames:
+        chosen = metafunc.config.getoption("--optbench-optimizers")
+        try:
+            names = [resolve(n).name for n in chosen.split(",") if n.strip()] if chosen else list(REGISTRY)
+        except UnknownOptimizerError as exc:
+            raise pytest.UsageError(str(exc)) from None
+        metafunc.parametrize("optimizer_spec", names, ids=names, indirect=True)
+
+
+@pytest.fixture
 def optimizer_spec(request: pytest.FixtureRequest) -> OptimizerSpec:
     spec = REGISTRY[request.param]
     reason = spec.unavailable_reason()
