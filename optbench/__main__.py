@@ -207,9 +207,9 @@ def _study(args: argparse.Namespace) -> int:
     if missing:
         raise UsageError("; ".join(f"{n} is unavailable here: {r}" for n, r in missing.items()))
     steps, tune_steps = args.steps or preset.steps, args.tune_steps or budget.tune_steps
-    seeds = args.seeds if args.seeds else list(budget.seeds)
-    if not seeds:
+    if args.seeds is not None and not args.seeds:
         raise UsageError("--seeds is empty")
+    seeds = args.seeds or list(budget.seeds)
     settings = dict(
         workload=args.workload or ("custom" if args.model else preset.workload), model=args.model,
         dataset=args.dataset, text_column=args.text_column, label_column=args.label_column, device=args.device,

@@ -331,7 +331,8 @@ def display_tables(summary: pd.DataFrame) -> list[tuple[str, pd.DataFrame, list[
             RELATIVE[1]: [_cell(r, RELATIVE[1], 2) for _, r in group.iterrows()],
             RELATIVE[2]: [_cell(r, RELATIVE[2], 1) for _, r in group.iterrows()],
         })
-        empty = [c for c in table.columns if (table[c].astype(str) == "").all()]
+        optional = ("steps to target", "time to target s", f"{metric} Δ vs adamw (95% CI)")  # study-only
+        empty = [c for c in optional if (table[c].astype(str) == "").all()]
         table = table.drop(columns=empty)
         errors = [f"{r.optimizer} ({r.status}): {r.error}" for r in group.itertuples()
                   if r.status != "ok" and r.error]
@@ -372,22 +373,82 @@ def render_json(summary: pd.DataFrame) -> str:
     return summary.to_json(orient="records", indent=1, force_ascii=False) + "\n"
 
 
-def render_html(summary: pd.DataFrame, figures: Iterable[Path] = ()) -> str:
-    """One self-contained page: the tables, then each figure embedded as a base64 PNG (mail it, open it)."""
-    parts = []
+def verdict_lines(summary: pd.DataFrame) -> list[str]:
+    """A few sentences per job for people: most metric per MiB of peak memory, fastest step (and fastest to
+    target), and which differences to AdamW are within the noise of the seeds."""
+    lines = []
+    for job, group in summary[summary["status"] == "ok"].groupby("job", sort=False):
+        metric, mode = str(group["target_metric"].iloc[0]), str(group["target_mode"].iloc[0])
+        said = []
+        scored = group[group["eval_target"].notna() & group["peak_memory_mib"].notna()]
+        if len(scored) and mode == "max":
+            per_mib = scored["eval_target"] / scored["peak_memory_mib"]
+            best = scored.loc[per_mib.idxmax()]
+            said.append(f"most {metric} per MiB of peak training memory: <b>{html.escape(best['optimizer'])}</b> "
+                        f"({best['eval_target']:.4g} at {best['peak_memory_mib']:,.0f} MiB)")
+        elif len(scored):
+            best = scored.loc[scored["peak_memory_mib"].idxmin()]
+            said.append(f"smallest peak training memory: <b>{html.escape(best['optimizer'])}</b> "
+                        f"({best['peak_memory_mib']:,.0f} MiB, {metric} {best['eval_target']:.4g})")
+        timed = group[group["step_ms"].notna()]
+        if len(timed):
+            fast = timed.loc[timed["step_ms"].idxmin()]
+            said.append(f"fastest step: <b>{html.escape(fast['optimizer'])}</b> ({fast['step_ms']:,.0f} ms)")
+        reached = group[group["time_to_target_derived_s"].notna()] if "time_to_target_derived_s" in group else group[:0]
+        if len(reached):
+            first = reached.loc[reached["time_to_target_derived_s"].idxmin()]
+            said.append(f"first to the target: <b>{html.escape(first['optimizer'])}</b> "
+                        f"({first['time_to_target_derived_s']:,.1f} s)")
+        if "verdict_vs_adamw" in group:
+            noise = group[group["verdict_vs_adamw"] == stats.SAME]["optimizer"].tolist()
+            differ = group[group["verdict_vs_adamw"].isin([stats.BETTER, stats.WORSE])]
+            if noise:
+                said.append(f"{metric} of {', '.join(map(html.escape, noise))} is within noise of adamw (95 % CI)")
+            said += [f"{html.escape(r.optimizer)} is significantly {r.verdict_vs_adamw} than adamw on {metric}"
+                     for r in differ.itertuples()]
+            if group["verdict_vs_adamw"].astype(str).str.startswith("n/a").any():
+                said.append("one seed only: no difference can be called significant")
+        lines.append(f"<b>{html.escape(str(job))}</b>: " + "; ".join(said) + ".")
+    return lines
+
+
+# Click a header to sort its table by that column (numbers by their leading value), click again to reverse.
+SORT_JS = """
+document.querySelectorAll('table.sortable th').forEach((th, col) => th.addEventListener('click', () => {
+  const body = th.closest('table').tBodies[0], rows = Array.from(body.rows);
+  const key = r => { const t = r.cells[col].textContent.trim(), n = parseFloat(t.replace(/,/g, ''));
+                     return isNaN(n) ? t : n; };
+  const dir = th.dataset.dir === 'asc' ? -1 : 1; th.dataset.dir = dir === 1 ? 'asc' : 'desc';
+  rows.sort((a, b) => { const x = key(a), y = key(b);
+    return (typeof x === typeof y ? (x < y ? -1 : x > y ? 1 : 0) : (typeof x === 'number' ? -1 : 1)) * dir; });
+  rows.forEach(r => body.appendChild(r));
+}));
+"""
+
+
+def render_html(summary: pd.DataFrame, figures: Iterable[Path] = (), notes: str = "") -> str:
+    """One self-contained page: a verdict in words, sortable tables, then each figure embedded as a base64
+    PNG (mail it, open it offline)."""
+    parts = ["<section id=verdict><h2>Verdict</h2><ul>"
+             + "".join(f"<li>{line}</li>" for line in verdict_lines(summary)) + "</ul></section>"]
     for job, table, errors in display_tables(summary):
-        parts.append(f"<h2>{html.escape(job)}</h2>\n" + table.to_html(index=False, border=0, escape=True))
+        parts.append(f"<h2>{html.escape(job)}</h2>\n"
+                     + table.to_html(index=False, border=0, escape=True, classes="sortable"))
+        parts.append(f"<p class=note>{html.escape(_notes(summary, job).strip())}</p>")
         parts.extend(f"<p class=error>{html.escape(e)}</p>" for e in errors)
+    if notes:
+        parts.append(f"<pre>{html.escape(notes)}</pre>")
     for figure in figures:
         data = base64.b64encode(figure.read_bytes()).decode("ascii")
         parts.append(f'<figure><img src="data:image/png;base64,{data}" alt="{figure.stem}">'
                      f"<figcaption>{figure.name}</figcaption></figure>")
-    style = ("body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;font-size:90%}"
-             "td,th{padding:3px 8px;border-bottom:1px solid #ddd;text-align:right}img{max-width:100%}"
-             ".error{color:#a00}")
+    style = ("body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;font-size:85%}"
+             "td,th{padding:3px 8px;border-bottom:1px solid #ddd;text-align:right}th{cursor:pointer;"
+             "background:#f4f4f4}th:hover{background:#e4e4f4}img{max-width:100%}.error{color:#a00}"
+             ".note{color:#555;font-size:85%}#verdict{background:#f6f8fa;padding:.5em 1em;border-radius:6px}")
     return (f"<!doctype html>\n<html><head><meta charset=utf-8><title>optbench report</title>"
             f"<style>{style}</style></head><body>\n<h1>optbench report</h1>\n" + "\n".join(parts)
-            + "\n</body></html>\n")
+            + f"\n<script>{SORT_JS}</script>\n</body></html>\n")
 
 
 def _spans_model_sizes(trials: pd.DataFrame) -> bool:
@@ -424,7 +485,8 @@ def write_report(records: list[Record], out_dir: Path, fmt: str = "md", figures:
 
             paths.append(scaling.plot_scaling(trials, out_dir / scaling.FIGURE_NAME))
     text = {"md": lambda: markdown, "csv": lambda: summary.to_csv(index=False), "json": lambda: render_json(summary),
-            "html": lambda: render_html(summary, [p for p in paths if p.suffix == ".png"])}[fmt]()
+            "html": lambda: render_html(summary, [p for p in paths if p.suffix == ".png"],
+                                        render_profile_markdown(summary))}[fmt]()
     if fmt == "html":
         paths.append(out_dir / "report.html")
         paths[-1].write_text(text, encoding="utf-8")

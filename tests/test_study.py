@@ -112,8 +112,9 @@ def test_kill_and_rerun_skips_ok_trials_and_reaches_the_same_choice(tmp_path):
 
 @pytest.mark.parametrize("argv", [["study", "--lr-grid", "1e-4,abc"], ["study", "--lr-grid", "0"],
                                   ["study", "--optimizers", "nope"], ["study", "--seeds", ","]])
-def test_study_bad_input_is_one_line_and_exit_2(argv, capsys):
-    assert main(argv) == 2
+def test_study_bad_input_is_one_line_and_exit_2(argv, capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr("optbench.study.run_study", lambda *a, **k: pytest.fail("bad input reached the trials"))
+    assert main(argv + ["--out", str(tmp_path / "r.jsonl")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("optbench: error:") and err.count("\n") == 1
 
