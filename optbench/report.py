@@ -47,6 +47,7 @@ METRICS: list[tuple[str, str, int]] = [
 FIGURE_COLUMNS = ["weights_mib", "grads_mib", "peak_memory_mib", "other_peak_mib", "update_rel_error_median"]
 FORMATS = ("md", "csv", "json", "html")
 RELATIVE = ["mem saved % vs adamw", "speed x vs adamw", "acc Δ pts vs adamw"]
+HEADLINE = "eval_target"
 TARGET_SHARE = 0.95  # default target: 95 % of the best final mean ("max"), best / 0.95 ("min")
 
 
@@ -279,7 +280,8 @@ def _present(value: object) -> bool:
 
 
 def _cell(row: pd.Series, source: str, decimals: int) -> str:
-    """mean ± 95 % CI half-width; "± n/a" with one value; n shown where values are fewer than trials."""
+    """mean ± 95 % CI half-width; with one value the headline metric says "± n/a" and the others show the
+    bare value; n shown where values are fewer than trials."""
     value = row.get(source)
     if not _present(value):
         return ""
@@ -288,7 +290,10 @@ def _cell(row: pd.Series, source: str, decimals: int) -> str:
     if not _present(n):  # a relative column: its spread lives in the columns it is derived from
         return text
     ci = row.get(source + "_ci")
-    text += f" ± {ci:,.{decimals}f}" if _present(ci) else " ± n/a"
+    if _present(ci):
+        text += f" ± {ci:,.{decimals}f}"
+    elif source == HEADLINE:  # one value: say there is no interval (a bare "± 0" would claim certainty)
+        text += " ± n/a"
     return text + (f" (n={int(n)})" if int(n) < row.get("trials", n) else "")
 
 
@@ -297,8 +302,9 @@ def _paired_cell(row: pd.Series, decimals: int) -> str:
     if not _present(value):
         return ""
     ci = row.get("delta_vs_adamw_ci")
-    spread = f" ± {ci:,.{decimals}f}" if _present(ci) else " ± n/a"
-    return f"{value:+,.{decimals}f}{spread} (n={int(row['delta_vs_adamw_n'])}): {row['verdict_vs_adamw']}"
+    if not _present(ci):
+        return f"{value:+,.{decimals}f} ({row['verdict_vs_adamw']})"
+    return f"{value:+,.{decimals}f} ± {ci:,.{decimals}f} (n={int(row['delta_vs_adamw_n'])}): {row['verdict_vs_adamw']}"
 
 
 def _optional_column(group: pd.DataFrame, source: str, fmt: str) -> list[str] | None:
@@ -364,7 +370,7 @@ def _notes(summary: pd.DataFrame, job: str) -> str:
         steps = job.split(" steps x ")[0].rsplit(" ", 1)[-1]
         notes.append(f"lr tuned on a validation split of the training data with {budget} steps per point"
                      + (f" (fewer than the {steps} final steps)" if steps.isdigit() and int(steps) > budget else ""))
-    notes.append("± is the 95 % Student-t interval over seeds (n/a with one seed)")
+    notes.append("± is the 95 % Student-t interval over seeds (none with one seed: n/a)")
     return "\n\n" + "; ".join(notes) + "."
 
 

@@ -77,7 +77,7 @@ def paired_difference(candidate: Mapping[int, float], reference: Mapping[int, fl
     interval = mean_ci([candidate[s] - reference[s] for s in shared], confidence)
     assert interval is not None
     if interval.half_width is None:
-        return Paired(interval, "n/a (one shared seed)")
+        return Paired(interval, "n/a, one shared seed")
     if abs(interval.mean) <= interval.half_width:
         return Paired(interval, SAME)
     larger = interval.mean > 0
