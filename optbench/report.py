@@ -251,14 +251,15 @@ def _add_tuning(tune: pd.DataFrame, finals: pd.DataFrame, summary: pd.DataFrame)
 
 
 def time_to_target_by_job(summary: pd.DataFrame) -> dict[str, dict[str, float | None]]:
-    """Mean time to target per job and optimizer (None: never reached, or the optimizer failed)."""
+    """Mean time to target per job and optimizer (None: never reached, or the optimizer failed); jobs where
+    no optimizer reached the target (or without eval curves) are left out, they rank nobody."""
     times: dict[str, dict[str, float | None]] = {}
     for row in summary.itertuples():
         value = getattr(row, "time_to_target_derived_s", None)
         per_job = times.setdefault(row.job, {})
         if row.status == "ok" or row.optimizer not in per_job:
             per_job[row.optimizer] = float(value) if value is not None and pd.notna(value) else None
-    return times
+    return {job: per_job for job, per_job in times.items() if any(t is not None for t in per_job.values())}
 
 
 def render_profile_markdown(summary: pd.DataFrame) -> str:

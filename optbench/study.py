@@ -134,11 +134,14 @@ class Progress:
 
     def __call__(self, record: Record) -> None:
         self.done += 1
-        if record.status != "skipped" or "already recorded" not in (record.error or ""):
-            self.ran += 1
+        resumed = record.status == "skipped" and "already recorded" in (record.error or "")
+        self.ran += not resumed
         elapsed = time.perf_counter() - self.started
         left = self.total - self.done
         eta = f"ETA {elapsed / self.ran * left / 60:.1f} min" if self.ran and left > 0 else "ETA -"
+        if resumed:
+            self.show(f"[{self.done}/{self.total}] {record.optimizer} seed={record.seed} already ok | {eta}")
+            return
         metric = record.val_metric if record.stage == "tune" else (record.eval_metrics or {}).get(
             record.target_metric, record.eval_accuracy)
         value = f" {record.target_metric} {metric:.4g}" if isinstance(metric, float) else ""

@@ -104,7 +104,8 @@ def test_kill_and_rerun_skips_ok_trials_and_reaches_the_same_choice(tmp_path):
     assert set(rerun).isdisjoint(calls) and len(rerun) == 14 - 5 - 0
     assert {c.optimizer: c.lr for c in result.choices} == BEST_LR
     again = []
-    _run(out, lambda spec: again.append(spec) or fake_trial(spec))
+    _, lines = _run(out, lambda spec: again.append(spec) or fake_trial(spec))
+    assert sum("already ok" in line for line in lines) == 13 and lines[-1].startswith("[14/14]")
     assert again == [spec for spec in again if spec.trial_id not in {r.trial_id for r in read_records(out)
                                                                       if r.status == "ok"}]
     assert all(s.optimizer == "adafactor" and s.lr > 1e-2 for s in again)  # only the diverged point re-runs
