@@ -124,13 +124,13 @@ def test_study_end_to_end_on_tiny_needs_the_stage_aware_trial(tmp_path, capsys):
     """Real trials on the tiny workload: needs trial.py to honour stage="tune" (val_metric) and eval_every."""
     out = tmp_path / "study.jsonl"
     code = main(["study", "--preset", "smoke", "--workload", "tiny", "--optimizers", "adamw", "--device", "cpu",
-                 "--out", str(out), "--seeds", "0,1", "--lr-grid", "1e-3,1e-2"])
+                 "--out", str(out), "--seeds", "0,1", "--lr-grid", "1e-2"])  # 3 trials
     assert code == 0
     records = read_records(out)
     tune = [r for r in records if r.steps == 4]  # the smoke budget's tune steps; the finals run 8
     if any(r.status == "ok" and (r.stage != "tune" or r.val_metric is None) for r in tune):
         pytest.xfail("trial.py does not yet record stage='tune' with val_metric")
-    assert len(tune) == 2 and all(r.status == "ok" and r.eval_accuracy is None for r in tune)
+    assert len(tune) == 1 and all(r.status == "ok" and r.eval_accuracy is None for r in tune)
     final = [r for r in records if r.stage == "final"]
     assert len(final) == 2 and all(r.eval_curve and r.eval_metrics for r in final)
     assert "±" in capsys.readouterr().out
