@@ -189,7 +189,10 @@ def _add_study_parser(commands) -> None:
                        help="job size (study: <= 30 min for 3 optimizers on 2 CPU cores; smoke: <= 3 min)")
     study.add_argument("--optimizers", type=_name_list, default=list(optimizers.DEFAULT_OPTIMIZERS),
                        help="comma-separated registry names or HF Trainer aliases (see `optbench list`)")
-    study.add_argument("--workload", help="minilm (pretrained, default) or tiny (random init, for tests)")
+    study.add_argument("--workload", help="minilm (pretrained BERT classifier, default), lm (causal LM from "
+                                          "scratch) or tiny (random-init BERT, for tests)")
+    study.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                       help="fp32 | bf16-autocast | fp16-autocast | bf16 (bf16 weights and grads, no fp32 master)")
     study.add_argument("--model", help="HF model id or local folder, instead of the workload's model")
     study.add_argument("--dataset", help="HF dataset name[:config] or a local .csv/.json/.jsonl/.parquet")
     study.add_argument("--text-column", default="text")
@@ -200,7 +203,7 @@ def _add_study_parser(commands) -> None:
                                                           "(default: each optimizer's registry grid)")
     study.add_argument("--seeds", type=_int_list, help="final-stage seeds (default 0,1,2; smoke 0,1)")
     study.add_argument("--eval-every", type=_positive_int, help="final trials: eval-curve interval in steps")
-    study.add_argument("--target", type=float, help="time-to-target threshold on the target metric "
+    study.add_argument("--target", type=_finite_float, help="time-to-target threshold on the target metric "
                                                     "(default: the report derives one from the best final)")
     study.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     study.add_argument("--timeout", type=_positive_float, help="seconds per trial before it is killed")
@@ -233,7 +236,7 @@ def _study(args: argparse.Namespace) -> int:
         dataset=args.dataset, text_column=args.text_column, label_column=args.label_column, device=args.device,
         steps=steps, warmup_steps=min(preset.warmup_steps, steps // 2), batch_size=preset.batch_size,
         seq_len=preset.seq_len, eval_size=preset.eval_size, timeout_s=args.timeout or preset.timeout_s,
-        eval_every=min(args.eval_every or budget.eval_every, steps), target=args.target,
+        eval_every=min(args.eval_every or budget.eval_every, steps), target=args.target, precision=args.precision,
     )
     out = args.out or Path("results") / f"study-{args.preset}.jsonl"
     if out.exists() and not out.is_file():
