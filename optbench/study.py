@@ -125,10 +125,15 @@ def final_specs(choices: Sequence[LrChoice], seeds: Sequence[int], settings: dic
             for seed in seeds for c in choices if c.lr is not None]
 
 
+def print_line(line: str) -> None:
+    """Flushed at once, so progress shows in a log file or CI output while the study runs."""
+    print(line, flush=True)
+
+
 class Progress:
     """One line per trial: `[i/N] optimizer stage lr seed status … ETA` (ETA from the trials run so far)."""
 
-    def __init__(self, total: int, show: Callable[[str], None] = print) -> None:
+    def __init__(self, total: int, show: Callable[[str], None] = print_line) -> None:
         self.total, self.done, self.ran, self.show = total, 0, 0, show
         self.started = time.perf_counter()
 
@@ -159,7 +164,7 @@ class StudyResult:
 def run_study(names: Sequence[str], settings: dict[str, Any], *, lr_points: int, tune_steps: int,
               tune_warmup_steps: int, seeds: Sequence[int], out: Path, grids: dict[str, list[float]] | None = None,
               run_trial: Callable[[TrialSpec], Record] | None = None,
-              show: Callable[[str], None] = print) -> StudyResult:
+              show: Callable[[str], None] = print_line) -> StudyResult:
     """Tune, choose each lr from the records in `out`, then run the finals; resumable by re-running."""
     from optbench.runner import run_sweep
 
