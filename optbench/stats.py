@@ -78,6 +78,10 @@ def paired_difference(candidate: Mapping[int, float], reference: Mapping[int, fl
     assert interval is not None
     if interval.half_width is None:
         return Paired(interval, "n/a, one shared seed")
+    if interval.half_width == 0 and interval.mean != 0:
+        # Every seed moved by exactly the same amount: typical of a coarse metric (accuracy on a small eval
+        # split moves in steps of 1/size), where a zero-width interval would call noise significant.
+        return Paired(interval, "n/a, identical difference on every seed")
     if abs(interval.mean) <= interval.half_width:
         return Paired(interval, SAME)
     larger = interval.mean > 0

@@ -47,6 +47,8 @@ def test_paired_difference_respects_min_mode_and_shared_seeds():
     assert lower.verdict == stats.BETTER  # lower perplexity is better
     assert stats.paired_difference({0: 1.0}, {0: 0.5}, "max").verdict.startswith("n/a")
     assert stats.paired_difference({5: 1.0}, {0: 0.5}, "max") is None
+    same_step = stats.paired_difference({0: 0.50, 1: 0.75}, {0: 0.25, 1: 0.50}, "max")
+    assert same_step.verdict.startswith("n/a") and same_step.difference.half_width == 0
 
 
 def test_tunability_counts_failed_points_in_the_grid():
