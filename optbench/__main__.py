@@ -1,4 +1,4 @@
-"""Command line: `python -m optbench run | list | report | compare | nightly | estimate`.
+"""Command line: `python -m optbench run | study | list | report | compare | nightly | estimate | recommend`.
 
 Usage errors (unknown optimizer, bad numbers, missing files or columns) print one line on stderr and
 exit with 2; nothing here prints a traceback for bad input. torch and friends are imported only by the
@@ -18,7 +18,7 @@ from typing import NoReturn
 from optbench import optimizers
 from optbench.engines import ENGINES
 from optbench.engines.parallel import MODES as PARALLEL_MODES
-from optbench.plan import PRECISIONS, PRESETS, build_grid
+from optbench.plan import PRECISIONS, PRESETS, STUDY_BUDGETS, StudyBudget, build_grid
 
 EXIT_USAGE = 2
 EXIT_REGRESSION = 1  # `compare` found a row beyond its thresholds
@@ -151,6 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "(default out: results/scaling.jsonl, writes scaling.png beside it)")
     run.add_argument("--widths", type=_int_list, help="with --scale: hidden widths (default 32,64,128,256,512)")
 
+    _add_study_parser(commands)
+
     commands.add_parser("list", help="registered optimizers: availability, precision, state bytes/param")
 
     report = commands.add_parser("report", help="tabulate results files (default: results/*.jsonl)")
@@ -206,6 +208,83 @@ def build_parser() -> argparse.ArgumentParser:
                           help="data-parallel GPUs; >1 adds ZeRO-1/2/3 columns (state / + grads / + weights sharded)")
     estimate.add_argument("--gpu-memory", type=_memory_size, help="memory per GPU, e.g. 80GiB, 24GB: says what fits")
     return parser
+
+
+def _float_list(text: str) -> list[float]:
+    values = [_positive_float(part) for part in text.split(",") if part.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive numbers, got '{text}'")
+    return values
+
+
+def _add_study_parser(commands) -> None:
+    study = commands.add_parser("study", help="tune each optimizer's lr on a validation split, then compare "
+                                              "them at their best lr over several seeds")
+    study.add_argument("--preset", choices=sorted(PRESETS), default="study",
+                       help="job size (study: <= 30 min for 3 optimizers on 2 CPU cores; smoke: <= 3 min)")
+    study.add_argument("--optimizers", type=_name_list, default=list(optimizers.DEFAULT_OPTIMIZERS),
+                       help="comma-separated registry names or HF Trainer aliases (see `optbench list`)")
+    study.add_argument("--workload", help="minilm (pretrained BERT classifier, default), lm (causal LM from "
+                                          "scratch) or tiny (random-init BERT, for tests)")
+    study.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                       help="fp32 | bf16-autocast | fp16-autocast | bf16 (bf16 weights and grads, no fp32 master)")
+    study.add_argument("--model", help="HF model id or local folder, instead of the workload's model")
+    study.add_argument("--dataset", help="HF dataset name[:config] or a local .csv/.json/.jsonl/.parquet")
+    study.add_argument("--text-column", default="text")
+    study.add_argument("--label-column", default="label")
+    study.add_argument("--steps", type=_positive_int, help="steps of each final trial")
+    study.add_argument("--tune-steps", type=_positive_int, help="steps of each tune trial (default: the preset's)")
+    study.add_argument("--lr-grid", type=_float_list, help="one lr grid for all, e.g. 1e-5,3e-5,1e-4 "
+                                                          "(default: each optimizer's registry grid)")
+    study.add_argument("--seeds", type=_int_list, help="final-stage seeds (default 0,1,2; smoke 0,1)")
+    study.add_argument("--eval-every", type=_positive_int, help="final trials: eval-curve interval in steps")
+    study.add_argument("--target", type=_finite_float, help="time-to-target threshold on the target metric "
+                                                    "(default: the report derives one from the best final)")
+    study.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    study.add_argument("--timeout", type=_positive_float, help="seconds per trial before it is killed")
+    study.add_argument("--out", type=Path, help="results file (default: results/study-<preset>.jsonl); resumed")
+
+
+def _study(args: argparse.Namespace) -> int:
+    from optbench.study import run_study
+
+    preset = PRESETS[args.preset]
+    budget = STUDY_BUDGETS.get(args.preset) or StudyBudget(4, preset.steps, max(1, preset.steps // 6))
+    names = []
+    for name in args.optimizers:
+        try:
+            names.append(optimizers.resolve(name).name)
+        except optimizers.UnknownOptimizerError as exc:
+            raise UsageError(str(exc)) from None
+    names = list(dict.fromkeys(names))
+    if not names:
+        raise UsageError("--optimizers is empty")
+    missing = {n: r for n in names if (r := optimizers.resolve(n).unavailable_reason()) is not None}
+    if missing:
+        raise UsageError("; ".join(f"{n} is unavailable here: {r}" for n, r in missing.items()))
+    steps, tune_steps = args.steps or preset.steps, args.tune_steps or budget.tune_steps
+    if args.seeds is not None and not args.seeds:
+        raise UsageError("--seeds is empty")
+    seeds = args.seeds or list(budget.seeds)
+    settings = dict(
+        workload=args.workload or ("custom" if args.model else preset.workload), model=args.model,
+        dataset=args.dataset, text_column=args.text_column, label_column=args.label_column, device=args.device,
+        steps=steps, warmup_steps=min(preset.warmup_steps, steps // 2), batch_size=preset.batch_size,
+        seq_len=preset.seq_len, eval_size=preset.eval_size, timeout_s=args.timeout or preset.timeout_s,
+        eval_every=min(args.eval_every or budget.eval_every, steps), target=args.target, precision=args.precision,
+    )
+    out = args.out or Path("results") / f"study-{args.preset}.jsonl"
+    if out.exists() and not out.is_file():
+        raise UsageError(f"--out {out} is not a file")
+    _check_inputs(build_grid(names[:1], seeds[:1], **settings)[0])
+    grids = {name: sorted(args.lr_grid) for name in names} if args.lr_grid else None
+    print(f"optbench: study of {', '.join(names)}: tune {tune_steps} steps x "
+          f"{len(args.lr_grid) if args.lr_grid else budget.lr_points} lrs, then {steps} steps x seeds "
+          f"{','.join(map(str, seeds))} -> {out}", file=sys.stderr)
+    run_study(names, settings, lr_points=budget.lr_points, tune_steps=tune_steps,
+              tune_warmup_steps=min(preset.warmup_steps, tune_steps // 2), seeds=seeds, out=out, grids=grids)
+    _print_report([out], out_dir=None)
+    return 0
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -469,8 +548,8 @@ def _list(_: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"run": _run, "list": _list, "report": _report, "estimate": _estimate, "compare": _compare,
-            "nightly": _nightly}
+COMMANDS = {"run": _run, "study": _study, "list": _list, "report": _report, "estimate": _estimate,
+            "compare": _compare, "nightly": _nightly}
 
 
 def main(argv: list[str] | None = None) -> int:

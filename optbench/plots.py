@@ -1,11 +1,13 @@
-"""The report's figures: the memory-accuracy trade-off, loss curves, the peak-memory split and update fidelity.
+"""The report's figures: the memory-metric trade-off, loss curves, the peak-memory split, update fidelity, and
+for studies the lr sensitivity, the eval metric against training time and the cross-job performance profile.
 
 Figures are drawn on matplotlib `Figure` objects with the Agg canvas, never through pyplot, so they
 render headless (CI, ssh) and leave no global state behind. This module is imported only when the
 report writes figures, so the table-only paths never pay for matplotlib.
 
 Inputs are report.py's frames: `trials` (one row per trial, with curves) and `summary` (one row per
-job x optimizer x status, means and stds over seeds). One row of panels per job.
+job x optimizer x status, means, stds and 95 % CI half-widths over seeds). One row of panels per job.
+Error bars and bands are 95 % Student-t intervals (stats.py); a single seed draws none.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from optbench import stats
 from optbench.optimizers import REGISTRY
 
 DPI = 130
@@ -135,33 +138,45 @@ def label_offsets(xs: Sequence[float], ys: Sequence[float], near_x: float = 0.25
     return offsets
 
 
+def _metric_label(frame: pd.DataFrame, prefix: str = "eval") -> tuple[str, str]:
+    """(axis label, mode) for the job's target metric as the records name it."""
+    metric = frame["target_metric"].dropna().iloc[0] if "target_metric" in frame and frame[
+        "target_metric"].notna().any() else "accuracy"
+    mode = frame["target_mode"].dropna().iloc[0] if "target_mode" in frame and frame[
+        "target_mode"].notna().any() else "max"
+    return f"{prefix} {metric} ({'higher' if mode == 'max' else 'lower'} is better)", mode
+
+
 def _tradeoff_panel(ax, ok: pd.DataFrame, x: str, xlabel: str, areas: pd.Series) -> None:
-    points = ok[ok[x].map(_finite) & ok["eval_accuracy"].map(_finite)]
-    offsets = label_offsets(points[x].tolist(), points["eval_accuracy"].tolist())
+    y = "eval_target"
+    points = ok[ok[x].map(_finite) & ok[y].map(_finite)]
+    ylabel, mode = _metric_label(ok)
+    offsets = label_offsets(points[x].tolist(), points[y].tolist())
     for row, (dx, dy) in zip(points.itertuples(), offsets, strict=True):
         colour = optimizer_colour(row.optimizer)
-        ax.errorbar(getattr(row, x), row.eval_accuracy, xerr=_spread(getattr(row, x + "_std")),
-                    yerr=_spread(row.eval_accuracy_std), fmt="none", ecolor=colour, capsize=4, lw=1.2)
-        ax.scatter(getattr(row, x), row.eval_accuracy, s=areas[row.Index], color=colour, alpha=0.75,
+        ax.errorbar(getattr(row, x), getattr(row, y), xerr=_spread(getattr(row, x + "_ci")),
+                    yerr=_spread(getattr(row, y + "_ci")), fmt="none", ecolor=colour, capsize=4, lw=1.2)
+        ax.scatter(getattr(row, x), getattr(row, y), s=areas[row.Index], color=colour, alpha=0.75,
                    edgecolors="black", linewidths=0.6, zorder=4 - areas[row.Index] / 1e4)  # small on top
         step = f"\n{row.step_ms:,.0f} ms/step" if _finite(row.step_ms) else ""
-        ax.annotate(f"{row.optimizer}{step}", (getattr(row, x), row.eval_accuracy), xytext=(dx, dy),
+        ax.annotate(f"{row.optimizer}{step}", (getattr(row, x), getattr(row, y)), xytext=(dx, dy),
                     textcoords="offset points", fontsize=8.5, ha="left" if dx > 0 else "right")
     if len(points) > 1:
-        front = pareto_front(points[x].tolist(), points["eval_accuracy"].tolist())
-        xs, ys = points[x].iloc[front], points["eval_accuracy"].iloc[front]
+        sign = 1.0 if mode == "max" else -1.0  # the front wants "better" as larger
+        front = pareto_front(points[x].tolist(), (sign * points[y]).tolist())
+        xs, ys = points[x].iloc[front], points[y].iloc[front]
         ax.step(xs, ys, where="post", ls="--", color="black", lw=1, alpha=0.6, label="Pareto front", zorder=1)
         ax.legend(loc="lower right", fontsize=8)
     ax.set_xlabel(xlabel)
-    ax.set_ylabel("eval accuracy (fraction correct)")
-    right = (points[x] + points[x + "_std"].fillna(0)).max() if len(points) else float("nan")
+    ax.set_ylabel(ylabel)
+    right = (points[x] + points[x + "_ci"].astype(float).fillna(0)).max() if len(points) else float("nan")
     ax.set_xlim(left=0, right=max(right * 1.2, 1e-3) if _finite(right) else None)
     ax.margins(y=0.25)
     ax.grid(alpha=0.3)
 
 
 def plot_tradeoff(trials: pd.DataFrame, summary: pd.DataFrame, path: Path) -> Path:
-    """Eval accuracy against state memory (left) and peak training memory (right): up and left is better."""
+    """Eval metric against state memory (left) and peak training memory (right), 95 % CI error bars."""
     jobs = _jobs(summary)
     fig, axes = _figure(len(jobs), 2)
     ok_all = summary[summary["status"] == "ok"]
@@ -175,7 +190,7 @@ def plot_tradeoff(trials: pd.DataFrame, summary: pd.DataFrame, path: Path) -> Pa
         axes[row, 0].set_title(job + (f"\nnot shown: {missing}" if missing else ""), fontsize=9, loc="left")
         axes[row, 1].set_title("same runs, whole training footprint" + _fidelity_note(trials, job), fontsize=9,
                                loc="left")
-    fig.suptitle("Accuracy vs memory per optimizer (mean ± std over seeds; up-left is better; "
+    fig.suptitle("Eval metric vs memory per optimizer (mean ± 95 % CI over seeds; left is better; "
                  "marker area ∝ median step time)", fontsize=11)
     fig.savefig(path)
     return path
@@ -288,21 +303,130 @@ def plot_fidelity(trials: pd.DataFrame, path: Path) -> Path:
     return path
 
 
-FIGURES = ("tradeoff.png", "curves.png", "memory.png", "fidelity.png")
+def plot_lr_sensitivity(tune: pd.DataFrame, path: Path) -> Path:
+    """Validation metric against lr per optimizer (tune stage); failed or diverged points as red crosses
+    on the lower edge, the chosen lr ringed (study.choose_lr on the same records)."""
+    from optbench.results import Record
+    from optbench.study import choice_from_records
+
+    jobs = _jobs(tune)
+    fig, axes = _figure(len(jobs), 1)
+    for row, job in enumerate(jobs):
+        ax, rows = axes[row, 0], tune[tune["job"] == job]
+        ylabel, _ = _metric_label(rows, "validation")
+        failed_at = []
+        for optimizer, group in rows.groupby("optimizer", sort=False):
+            records = [Record.from_dict(r) for r in group.to_dict("records")]
+            choice = choice_from_records(str(optimizer), sorted(set(group["lr"].astype(float))), records,
+                                         int(group["steps"].max()))
+            ok = [p for p in choice.points if p.value is not None]
+            colour = optimizer_colour(str(optimizer))
+            tun = f", tunability {choice.tunability:.2f}" if choice.tunability is not None else ""
+            ax.plot([p.lr for p in ok], [p.value for p in ok], marker="o", color=colour,
+                    label=f"{optimizer}{tun}", **optimizer_line(str(optimizer)))
+            failed_at += [(p.lr, colour) for p in choice.points if p.value is None]
+            if choice.lr is not None:
+                best = next(p for p in ok if p.lr == choice.lr)
+                ax.scatter([best.lr], [best.value], s=180, facecolors="none", edgecolors=colour, lw=2, zorder=5)
+        if failed_at:
+            low = ax.get_ylim()[0]
+            ax.scatter([lr for lr, _ in failed_at], [low] * len(failed_at), marker="x", s=70, color="#c00000",
+                       zorder=6, label="failed / diverged", clip_on=False)
+        ax.set_xscale("log")
+        ax.set_xlabel("learning rate")
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"{job} (tune stage, seed 0)", fontsize=9, loc="left")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=8)
+    fig.suptitle("Learning-rate sensitivity: validation metric per grid point (ringed: the lr chosen)", fontsize=11)
+    fig.savefig(path)
+    return path
+
+
+def has_eval_curves(trials: pd.DataFrame) -> bool:
+    ok = trials[trials["status"] == "ok"]
+    return "eval_curve" in ok and ok["eval_curve"].map(lambda c: isinstance(c, list) and len(c) > 0).any()
+
+
+def plot_eval_vs_time(trials: pd.DataFrame, path: Path) -> Path:
+    """Eval metric on the fixed eval subset against training seconds, mean over seeds with a 95 % CI band
+    (x: the seeds' mean training time at each eval step); the dotted line is the job's target."""
+    ok_all = trials[(trials["status"] == "ok") & trials["eval_curve"].map(lambda c: isinstance(c, list) and len(c) > 0)]
+    jobs = _jobs(ok_all)
+    fig, axes = _figure(len(jobs), 1)
+    for row, job in enumerate(jobs):
+        ax, rows = axes[row, 0], ok_all[ok_all["job"] == job]
+        for optimizer, group in rows.groupby("optimizer", sort=False):
+            curves = [np.asarray(c, dtype=float) for c in group["eval_curve"]]
+            length = min(len(c) for c in curves)
+            seconds = np.mean([c[:length, 1] for c in curves], axis=0)
+            intervals = [stats.mean_ci([c[i, 2] for c in curves]) for i in range(length)]
+            mean = np.array([iv.mean for iv in intervals])
+            half = np.array([iv.half_width or 0.0 for iv in intervals])
+            colour = optimizer_colour(str(optimizer))
+            ax.plot(seconds, mean, color=colour, marker=".", label=f"{optimizer} ({len(curves)} seeds)",
+                    **optimizer_line(str(optimizer)))
+            ax.fill_between(seconds, mean - half, mean + half, color=colour, alpha=0.18, lw=0)
+        target = rows["job_target"].dropna()
+        if len(target):
+            ax.axhline(float(target.iloc[0]), color="black", ls=":", lw=1, label=f"target {target.iloc[0]:.4g}")
+        ax.set_xlabel("training time (s, eval excluded)")
+        ax.set_ylabel(_metric_label(rows)[0])
+        ax.set_title(job, fontsize=9, loc="left")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("Eval metric vs training time (mean ± 95 % CI over seeds)", fontsize=11)
+    fig.savefig(path)
+    return path
+
+
+def plot_profile(times: dict[str, dict[str, float | None]], path: Path) -> Path:
+    """AlgoPerf-style performance profile: share of jobs each optimizer reaches the target within tau x the
+    fastest; the legend gives the area under the curve (0..1)."""
+    profile = stats.performance_profile(times)
+    fig, axes = _figure(1, 1)
+    ax = axes[0, 0]
+    for optimizer, fractions in profile.items():
+        ax.step(stats.PROFILE_TAUS, fractions, where="post", color=optimizer_colour(optimizer),
+                label=f"{optimizer} (score {stats.profile_score(fractions):.2f})", **optimizer_line(optimizer))
+    ax.set_xlabel("tau: time to target / fastest optimizer's time on that job")
+    ax.set_ylabel(f"share of the {len(times)} jobs within tau")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.suptitle("Performance profile across jobs (higher and further left is better)", fontsize=11)
+    fig.savefig(path)
+    return path
+
+
+FIGURES = ("tradeoff.png", "curves.png", "memory.png", "fidelity.png", "lr_sensitivity.png", "eval_vs_time.png",
+           "profile.png")
 
 
 def write_plots(trials: pd.DataFrame, summary: pd.DataFrame, out_dir: Path) -> list[Path]:
     """Every figure the data supports, as PNGs in out_dir; nothing when no trial finished ok.
 
+    Tune-stage trials feed only the lr-sensitivity figure; the others show the final (or plain) trials.
     A figure of an earlier report that this data does not support (say fidelity.png, now that no run used
     --fidelity) is removed, so the folder never pairs a new report.md with an old figure.
     """
+    from optbench.report import time_to_target_by_job
+
     paths = []
-    if not trials.empty and (trials["status"] == "ok").any():
-        paths = [plot_tradeoff(trials, summary, out_dir / FIGURES[0]), plot_curves(trials, out_dir / FIGURES[1]),
-                 plot_memory(trials, summary, out_dir / FIGURES[2])]
-        if has_fidelity(trials):
-            paths.append(plot_fidelity(trials, out_dir / FIGURES[3]))
+    tune = trials[trials["stage"] == "tune"] if "stage" in trials else trials.iloc[:0]
+    finals = trials.drop(tune.index)
+    if not tune.empty:
+        paths.append(plot_lr_sensitivity(tune, out_dir / FIGURES[4]))
+    if not finals.empty and (finals["status"] == "ok").any():
+        paths += [plot_tradeoff(finals, summary, out_dir / FIGURES[0]), plot_curves(finals, out_dir / FIGURES[1]),
+                  plot_memory(finals, summary, out_dir / FIGURES[2])]
+        if has_fidelity(finals):
+            paths.append(plot_fidelity(finals, out_dir / FIGURES[3]))
+        if has_eval_curves(finals):
+            paths.append(plot_eval_vs_time(finals, out_dir / FIGURES[5]))
+        times = time_to_target_by_job(summary)
+        if len(times) >= 2:
+            paths.append(plot_profile(times, out_dir / FIGURES[6]))
     for stale in {out_dir / name for name in FIGURES} - set(paths):
         stale.unlink(missing_ok=True)
     return paths

@@ -85,3 +85,20 @@ def test_no_fidelity_figure_without_fidelity_data_and_a_stale_one_goes(records, 
 def test_no_figures_when_nothing_finished(tmp_path):
     failed = [Record(trial_id="x", optimizer="adamw", status="error", error="boom", **JOB)]
     assert write_plots(*_frames(failed), tmp_path) == []
+
+
+def test_study_figures_only_where_the_data_supports_them(tmp_path):
+    from _study_fixture import study_records
+
+    from optbench.report import write_report
+
+    _, paths = write_report(study_records(), tmp_path)
+    names = {p.name for p in paths}
+    assert {"lr_sensitivity.png", "eval_vs_time.png", "profile.png", "tradeoff.png"} <= names
+    plain = [r for r in study_records() if r.stage == "final" and r.model == "minilm"]
+    for record in plain:
+        record.eval_curve = []
+    _, paths = write_report(plain, tmp_path)
+    names = {p.name for p in paths}
+    assert not {"lr_sensitivity.png", "eval_vs_time.png", "profile.png"} & names
+    assert not (tmp_path / "profile.png").exists()  # a stale figure is removed

@@ -45,7 +45,7 @@ def test_summary_means_stds_and_relative_columns(records):
 def test_markdown_and_csv_keep_failed_trials(records, tmp_path):
     markdown, paths = write_report(records, tmp_path)
     assert "| adafactor" in markdown and "diverged 1/1" in markdown and "loss became nan" in markdown
-    assert "0.850 ± 0.071" in markdown
+    assert "0.8500 ± 0.6353" in markdown  # t(0.975, 1) = 12.706 x 0.0707 / sqrt(2)
     assert "state MiB" in markdown and "step ms" in markdown and "mem saved % vs adamw" in markdown
     csv = pd.read_csv(paths[1])
     assert set(csv["optimizer"]) == {"adamw", "adamw8bit", "adafactor"}
@@ -123,3 +123,54 @@ def test_fidelity_trials_are_a_job_of_their_own(records):
     probe.fidelity = True
     frame = trials_frame(records + [probe])
     assert frame["job"].nunique() == 2
+
+
+# --- study records: tuned lr, paired verdicts, time to target, profile ------------------------------------
+
+def _study():
+    from _study_fixture import study_records
+
+    return study_records()
+
+
+def test_study_report_tuned_lr_verdicts_and_time_to_target():
+    summary = summarize(trials_frame(_study()))
+    assert len(summary) == 6  # tune trials stay out of the table: 2 jobs x 3 optimizers
+    job = summary[summary["job"].str.startswith("minilm")].set_index("optimizer")
+    assert job.loc["adamw", "tuned_lr"] == pytest.approx(1e-4)
+    assert job.loc["adafactor", "tuned_lr"] == pytest.approx(1e-3)
+    assert job.loc["adamw8bit", "tune_points"] == "3/4"  # its diverged point is counted, not chosen
+    assert job.loc["adamw", "tune_steps"] == 4
+    assert job.loc["adafactor", "verdict_vs_adamw"] == "worse"
+    assert job.loc["adamw8bit", "verdict_vs_adamw"] == "no significant difference"
+    # target = 0.95 x adamw's final mean 0.90167; adamw's curves reach it at step 8 (8 x 0.4 s)
+    assert job.loc["adamw", "job_target"] == pytest.approx(0.95 * (0.9 + 0.9 + 0.01 + 0.9 - 0.005) / 3)
+    assert job.loc["adamw", "steps_to_target_derived"] == 8
+    assert job.loc["adamw", "time_to_target_derived_s"] == pytest.approx(3.2)
+    assert pd.isna(job.loc["adafactor", "time_to_target_derived_s"])  # never reached: null, not a number
+
+
+def test_study_markdown_says_budget_scratch_and_profile(tmp_path):
+    markdown, _ = write_report(_study(), tmp_path, figures=False)
+    assert "trained from scratch" in markdown and markdown.count("trained from scratch") == 1
+    assert "4 steps per point (fewer than the 8 final steps)" in markdown
+    assert "no significant difference" in markdown and "| tuned lr |" in markdown.replace("  ", "")
+    assert "performance profile" in markdown and "| adamw       |                 1 " in markdown
+
+
+def test_min_metric_target_and_one_seed_interval():
+    records = [Record(trial_id=f"p{i}", optimizer=name, seed=0, status="ok", target_metric="perplexity",
+                      target_mode="min", eval_metrics={"perplexity": ppl},
+                      eval_curve=[[5, 1.0, ppl * 2], [10, 2.0, ppl]], **JOB)
+               for i, (name, ppl) in enumerate([("adamw", 20.0), ("adafactor", 30.0)])]
+    frame = trials_frame(records)
+    summary = summarize(frame).set_index("optimizer")
+    assert summary.loc["adamw", "job_target"] == pytest.approx(20.0 / 0.95)  # lower is better: best / 0.95
+    assert summary.loc["adamw", "steps_to_target_derived"] == 10
+    assert pd.isna(summary.loc["adafactor", "steps_to_target_derived"])
+    assert summary.loc["adafactor", "verdict_vs_adamw"].startswith("n/a")
+    assert summary.loc["adamw", "eval_target_ci"] is None or pd.isna(summary.loc["adamw", "eval_target_ci"])
+    from optbench.report import render_markdown
+
+    markdown = render_markdown(summarize(frame))
+    assert "eval perplexity" in markdown and "20.0000 ± n/a" in markdown
