@@ -1,4 +1,4 @@
-"""Command line: `python -m optbench run | list | report | compare | estimate`.
+"""Command line: `python -m optbench run | list | report | compare | estimate | recommend`.
 
 Usage errors (unknown optimizer, bad numbers, missing files or columns) print one line on stderr and
 exit with 2; nothing here prints a traceback for bad input. torch and friends are imported only by the
@@ -15,6 +15,7 @@ from typing import NoReturn
 
 from optbench import optimizers
 from optbench.plan import PRESETS, build_grid
+from optbench.runner import ResultsWriteError
 
 EXIT_USAGE = 2
 EXIT_REGRESSION = 1  # `compare` found a row beyond its thresholds
@@ -119,6 +120,12 @@ def build_parser() -> argparse.ArgumentParser:
                      help="scaling sweep: tiny BERT at several widths, few steps; fits state bytes vs params "
                           "(default out: results/scaling.jsonl, writes scaling.png beside it)")
     run.add_argument("--widths", type=_int_list, help="with --scale: hidden widths (default 32,64,128,256,512)")
+    run.add_argument("--jobs", type=_positive_int, default=1,
+                     help="trials at once: one GPU each on CUDA; on CPU the cores are shared (timings interfere)")
+    run.add_argument("--executor", choices=["local", "slurm"], default="local",
+                     help="local processes, or one slurm job per trial through submitit (pip install submitit)")
+    run.add_argument("--max-memory", type=_memory_size, metavar="SIZE",
+                     help="cap on the memory each trial adds (RLIMIT_AS), e.g. 8GiB: past it the trial is `oom`")
 
     commands.add_parser("list", help="registered optimizers: availability, precision, state bytes/param")
 
@@ -152,12 +159,22 @@ def build_parser() -> argparse.ArgumentParser:
     estimate.add_argument("--gpus", type=_positive_int, default=1,
                           help="data-parallel GPUs; >1 adds a ZeRO-1 column (optimizer state sharded)")
     estimate.add_argument("--gpu-memory", type=_memory_size, help="memory per GPU, e.g. 80GiB, 24GB: says what fits")
+
+    recommend = commands.add_parser("recommend", help="which optimizers fit a memory budget, best trade-offs first")
+    size = recommend.add_mutually_exclusive_group(required=True)
+    size.add_argument("--params", type=_param_count, help="parameter count: 65783042, 7e9 or 7B")
+    size.add_argument("--model", help="local model folder or HF id: counted from its config on the meta device")
+    recommend.add_argument("--gpu-memory", type=_memory_size, required=True, help="memory per GPU, e.g. 24GiB")
+    recommend.add_argument("--results", type=Path,
+                           help="results file: adds the activation overhead and accuracy measured there")
+    recommend.add_argument("--precision", choices=["fp32", "bf16-autocast", "fp16-autocast", "bf16"],
+                           default="fp32", help="training precision (bf16: 2-byte weights, grads and state)")
     return parser
 
 
 def _run(args: argparse.Namespace) -> int:
     from optbench import scaling
-    from optbench.results import Record
+    from optbench.results import Record, check_writable
     from optbench.runner import run_sweep
 
     if args.scale and (args.workload or args.model):
@@ -183,7 +200,7 @@ def _run(args: argparse.Namespace) -> int:
         label_column=args.label_column, device=args.device, steps=steps, warmup_steps=warmup,
         batch_size=args.batch_size or preset.batch_size, seq_len=args.seq_len or preset.seq_len,
         eval_size=args.eval_size or preset.eval_size, lr=args.lr,
-        timeout_s=args.timeout or preset.timeout_s, fidelity=args.fidelity,
+        timeout_s=args.timeout or preset.timeout_s, fidelity=args.fidelity, max_memory_bytes=args.max_memory,
     )
     seeds = args.seeds if args.seeds else list(preset.seeds)
     specs = build_grid(list(dict.fromkeys(specs_optimizers)), seeds, **settings)
@@ -194,8 +211,12 @@ def _run(args: argparse.Namespace) -> int:
             raise UsageError(str(exc)) from None
     _check_inputs(specs[0])
     out = args.out or (scaling.SCALE_OUT if args.scale else Path("results") / f"{args.preset}.jsonl")
-    if out.exists() and not out.is_file():
-        raise UsageError(f"--out {out} is not a file")
+    try:
+        check_writable(out)
+    except OSError as exc:
+        raise UsageError(f"cannot write results to {out}: {exc.strerror or exc} (pass a writable file with --out)") \
+            from None
+    executor = _executor(args, specs, out)
 
     def show(record: Record) -> None:
         print(_summary_line(record), flush=True)
@@ -208,7 +229,7 @@ def _run(args: argparse.Namespace) -> int:
         else:
             _record_unavailable(spec, reason, out, show)
     print(f"optbench: {len(specs)} trials -> {out}", file=sys.stderr)
-    run_sweep(runnable, out, on_record=show)
+    run_sweep(runnable, out, on_record=show, jobs=args.jobs, executor=executor)
     if args.scale:
         markdown, figure = scaling.write_scaling(_load_records([out]), out)
         print(markdown, end="")
@@ -216,6 +237,28 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     _print_report([out], out_dir=None)
     return 0
+
+
+def _executor(args: argparse.Namespace, specs: list, out: Path):
+    """The executor `run` asked for; on CPU, --jobs > 1 comes with a warning about timings."""
+    from optbench.executors import LocalExecutor, SubmititExecutor
+    from optbench.runner import cuda_device_count
+    from optbench.trial import resolve_device
+
+    on_cpu = all(resolve_device(spec.device).type == "cpu" for spec in specs)
+    if args.executor == "slurm":
+        try:
+            return SubmititExecutor(out.parent / "submitit", cluster="slurm")
+        except ImportError:
+            raise UsageError("--executor slurm needs submitit: pip install 'optbench[slurm]'") from None
+    if args.jobs > 1 and on_cpu:
+        print(f"optbench: warning: {args.jobs} trials at once share this CPU's cores and memory bandwidth; their "
+              "step times interfere (use --jobs 1 for timings you quote)", file=sys.stderr)
+    elif args.jobs > cuda_device_count() > 0:
+        print(f"optbench: warning: --jobs {args.jobs} but {cuda_device_count()} GPU(s): one trial per GPU at once",
+              file=sys.stderr)
+    uses_bitsandbytes = any(optimizers.resolve(s.optimizer).library.startswith("bitsandbytes") for s in specs)
+    return LocalExecutor(preload_bitsandbytes=on_cpu and uses_bitsandbytes)
 
 
 def _check_inputs(spec) -> None:
@@ -341,6 +384,22 @@ def _estimate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _recommend(args: argparse.Namespace) -> int:
+    """Exit 0 when something fits, 1 when nothing does (the answer says what to try)."""
+    from optbench import estimate, recommend
+
+    try:
+        size = estimate.size_from_count(args.params) if args.params else estimate.size_from_model(args.model)
+    except estimate.EstimateError as exc:
+        raise UsageError(str(exc)) from None
+    records = _load_records([args.results]) if args.results else []
+    if args.results and not records:
+        raise UsageError(f"no records in {args.results}")
+    rows = recommend.recommend(size, args.gpu_memory, records, args.precision)
+    print(recommend.render(rows, size, args.gpu_memory, args.precision, str(args.results) if args.results else None))
+    return 0 if any(r.fits for r in rows) else 1
+
+
 def _list(_: argparse.Namespace) -> int:
     from tabulate import tabulate
 
@@ -354,7 +413,8 @@ def _list(_: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"run": _run, "list": _list, "report": _report, "estimate": _estimate, "compare": _compare}
+COMMANDS = {"run": _run, "list": _list, "report": _report, "estimate": _estimate, "compare": _compare,
+            "recommend": _recommend}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -364,10 +424,14 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"optbench: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except KeyboardInterrupt:
-        print("optbench: interrupted; finished trials are saved, re-run the same command to resume",
-              file=sys.stderr)
+    except KeyboardInterrupt as exc:
+        recorded = getattr(exc, "recorded", 0)
+        print(f"optbench: interrupted: {recorded} trials recorded, rerun the same command to resume", file=sys.stderr)
         return 130
+    except ResultsWriteError as exc:  # the results file stopped taking records (disk full, ...)
+        print(f"optbench: error: {exc.strerror or exc}; free space or pick another --out, then rerun to resume",
+              file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
