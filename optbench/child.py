@@ -60,6 +60,23 @@ def _die_with_parent() -> None:
     threading.Thread(target=watch, daemon=True).start()
 
 
+def cap_memory(device, max_memory_bytes: int) -> None:
+    """Past `max_memory_bytes` the trial's allocations fail, so it is recorded `oom` instead of swapping.
+
+    On CUDA through the caching allocator's per-process fraction (torch.OutOfMemoryError); elsewhere
+    through RLIMIT_AS on top of the current address space: the loaded libraries already reserve ~2 GiB
+    of mostly untouched address space, which a bare RLIMIT_AS of a few GiB would not even leave room for.
+    """
+    import torch
+
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, max_memory_bytes / total), device)
+        return
+    limit = address_space_bytes() + max_memory_bytes
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
 def run_child(spec_path: str, record_path: str, log_path: str, launched_at: float, env: dict[str, str],
               max_memory_bytes: int | None) -> None:
     """Run one trial in this (fresh) process and write its record to `record_path`."""
@@ -73,16 +90,13 @@ def run_child(spec_path: str, record_path: str, log_path: str, launched_at: floa
     import torch
 
     from optbench.plan import TrialSpec
-    from optbench.trial import run_trial
+    from optbench.trial import resolve_device, run_trial
 
     if "OPTBENCH_TORCH_THREADS" in env:  # OMP_NUM_THREADS is read at import, too late for a forked child
         torch.set_num_threads(int(env["OPTBENCH_TORCH_THREADS"]))
     spec = TrialSpec.from_dict(json.loads(Path(spec_path).read_text()))
     if max_memory_bytes is not None:
-        # The cap is on what the trial adds: the loaded libraries already reserve ~2 GiB of mostly
-        # untouched address space, which a bare RLIMIT_AS of a few GiB would not even leave room for.
-        limit = address_space_bytes() + max_memory_bytes
-        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        cap_memory(resolve_device(spec.device), max_memory_bytes)
     startup_s = time.time() - launched_at
     record = run_trial(spec)
     record.startup_s = startup_s
