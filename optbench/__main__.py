@@ -271,6 +271,9 @@ def _check_inputs(spec) -> None:
                          "(or pass --model)")
     try:
         resolve_device(spec.device)
+    except (ValueError, RuntimeError) as exc:
+        raise UsageError(f"{exc}; pass --device cpu (or auto)") from None
+    try:
         load_splits(spec)
         check_model(spec.model or (minilm_path() if spec.workload == "minilm" else "tiny"))
     except (WorkloadError, ValueError, RuntimeError) as exc:
