@@ -122,3 +122,14 @@ def test_parallel_trials_launch_through_torchrun(tmp_path, monkeypatch):
     assert launched[0][1:] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                                "-m", "optbench.trial", launched[0][-2], launched[0][-1]]
     assert record.status == "error" and "exited with code 1" in record.error
+
+
+def test_a_log_gets_plain_progress_lines_and_no_progress_bar_frames(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "optbench", "run", "--workload", "tiny", "--steps", "3",
+                             "--warmup-steps", "1", "--batch-size", "4", "--seq-len", "16", "--eval-size", "16",
+                             "--optimizers", "adamw,adafactor", "--out", str(tmp_path / "r.jsonl")],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "\r" not in result.stderr  # stderr is a pipe here: the trial's tqdm bar stays off
+    assert "optbench: [1/2] adamw seed=0 ok in " in result.stderr
+    assert "optbench: [2/2] adafactor seed=0 ok in " in result.stderr
