@@ -251,6 +251,8 @@ def _executor(args: argparse.Namespace, specs: list, out: Path):
             return SubmititExecutor(out.parent / "submitit", cluster="slurm")
         except ImportError:
             raise UsageError("--executor slurm needs submitit: pip install 'optbench[slurm]'") from None
+        except RuntimeError as exc:  # submitit finds no slurm here
+            raise UsageError(f"--executor slurm: {exc} (use --executor local)") from None
     if args.jobs > 1 and on_cpu:
         print(f"optbench: warning: {args.jobs} trials at once share this CPU's cores and memory bandwidth; their "
               "step times interfere (use --jobs 1 for timings you quote)", file=sys.stderr)

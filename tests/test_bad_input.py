@@ -1,6 +1,8 @@
 """Bad input across the commands: exit 2, exactly one line on stderr saying what to do, no traceback,
 and no results file started. Runs `main()` in this process (fd-level capture, so library prints count)."""
 
+import shutil
+
 import pytest
 
 from optbench.__main__ import main
@@ -32,6 +34,7 @@ CASES = [
     (RUN + ["--lr", "0"], "--lr: must be a positive finite number"),
     (RUN + ["--eval-size", "-1"], "--eval-size: must be positive"),
     (RUN + ["--executor", "kubernetes"], "--executor: invalid choice"),
+    (RUN + ["--executor", "slurm"], "are you indeed on a slurm cluster? (use --executor local)"),
     # run: a model path that is not a model, datasets with no rows or one class, a GPU that is not there
     (RUN + ["--model", "not-a-model"], "not-a-model"),
     (RUN + ["--dataset", "empty.csv"], "cannot read dataset file empty.csv"),
@@ -67,6 +70,8 @@ def test_bad_input_is_one_line_exit_2_and_no_results_file(files, capfd, argv, me
         torch = pytest.importorskip("torch")
         if torch.cuda.is_available():
             pytest.skip("this machine has a GPU: --device cuda is not bad input here")
+    if "slurm" in argv and shutil.which("srun"):
+        pytest.skip("this machine has slurm: --executor slurm is not bad input here")
     code = main(argv)
     err = capfd.readouterr().err
     lines = err.strip().splitlines()
