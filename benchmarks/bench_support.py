@@ -8,9 +8,6 @@ Record fields by their Record names, plus `kind`; optbench.benchjson turns it ba
 from __future__ import annotations
 
 import copy
-import ctypes
-import ctypes.util
-import gc
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -20,10 +17,11 @@ from optbench import measure
 from optbench.optimizers import OptimizerSpec
 from optbench.plan import PRESETS, TrialSpec
 from optbench.results import Record
-from optbench.trial import device_name, record_from_spec
+from optbench.trial import describe_model, describe_state, device_name, record_from_spec
+from optbench.workloads.base import take, to_device
 
 if TYPE_CHECKING:
-    from optbench.workloads import Workload
+    from optbench.workloads import Built
 
 # Record fields left out of extra_info: the loss curve is long and the environment goes to machine_info.
 _NOT_IN_EXTRA_INFO = ("loss_curve", "env")
@@ -83,64 +81,26 @@ def trial_spec(size: BenchSize, optimizer: str, device: torch.device, **override
     return TrialSpec(optimizer=optimizer, **(settings | overrides))
 
 
-def fresh_model(workload: Workload, device: torch.device) -> torch.nn.Module:
+def fresh_model(built: Built, device: torch.device) -> torch.nn.Module:
     """A copy of the session's model, so one benchmark's updates never leak into the next one's."""
-    model = copy.deepcopy(workload.model).to(device)
+    model = copy.deepcopy(built.model).to(device)
     model.train()
     return model
 
 
-def first_batch(workload: Workload, batch_size: int, device: torch.device) -> dict[str, torch.Tensor]:
-    return {k: v[:batch_size].to(device) for k, v in workload.train.items()}
+def first_batch(built: Built, batch_size: int, device: torch.device) -> dict[str, torch.Tensor]:
+    return to_device(take(built.train, slice(0, batch_size)), device)
 
 
-def _release_freed_memory() -> None:
-    """Hand freed heap pages back to the OS, so an earlier benchmark's garbage does not hide this one's
-    RSS growth (glibc keeps freed memory mapped unless asked)."""
-    gc.collect()
-    libc_name = ctypes.util.find_library("c")
-    if libc_name:
-        libc = ctypes.CDLL(libc_name)
-        if hasattr(libc, "malloc_trim"):
-            libc.malloc_trim(0)
-
-
-class MemoryWatch:
-    """Peak memory over a region: CUDA peak allocation on GPU, RSS high-water mark and growth on CPU.
-
-    All benchmarks share one process, so on CPU the RSS figures carry the process's history; the
-    per-trial subprocesses of `optbench run` give cleaner CPU peaks.
-    """
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        _release_freed_memory()
-        measure.synchronize(device)
-        self.rss_baseline_bytes = measure.current_rss_bytes()
-        measure.reset_peaks(device)
-
-    def fill(self, record: Record) -> None:
-        record.peak_cuda_allocated_bytes, record.peak_cuda_reserved_bytes = measure.cuda_peaks(self.device)
-        record.peak_rss_bytes = measure.peak_rss_bytes()
-        if record.peak_rss_bytes is not None and self.rss_baseline_bytes is not None:
-            record.peak_rss_growth_bytes = record.peak_rss_bytes - self.rss_baseline_bytes
-
-
-def measured_record(spec: TrialSpec, optimizer_spec: OptimizerSpec, workload: Workload, model: torch.nn.Module,
-                    optimizer: torch.optim.Optimizer, device: torch.device, memory: MemoryWatch) -> Record:
-    """The job's Record filled with what a step benchmark measured: model size, state bytes, peaks."""
+def measured_record(spec: TrialSpec, optimizer_spec: OptimizerSpec, built: Built, model: torch.nn.Module,
+                    optimizer: torch.optim.Optimizer, device: torch.device, memory: measure.MemoryWindow) -> Record:
+    """The job's Record filled the way a trial fills it: model size, analytic and measured state, peaks."""
     record = record_from_spec(spec)
     record.status = "ok"
     record.device, record.device_name = str(device), device_name(device)
-    record.model, record.dataset = workload.model_name, workload.dataset_name
-    params = [p for p in model.parameters() if p.requires_grad]
-    record.num_params = sum(p.numel() for p in params)
-    record.weights_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    record.grads_bytes = sum(p.numel() * p.element_size() for p in params)
-    record.analytic_state_bytes = optimizer_spec.analytic_state_bytes([tuple(p.shape) for p in params])
-    record.analytic_state_bytes_per_param = record.analytic_state_bytes / record.num_params
-    record.state_bytes, record.state_bytes_by_key = measure.optimizer_state_bytes(optimizer)
-    record.state_bytes_per_param = record.state_bytes / record.num_params
+    record.model, record.dataset = built.model_name, built.dataset_name
+    describe_model(record, model, optimizer_spec)
+    describe_state(record, optimizer, optimizer_spec)
     memory.fill(record)
     return record
 

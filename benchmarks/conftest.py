@@ -17,7 +17,7 @@ from bench_support import SIZES, BenchSize, trial_spec
 from optbench.optimizers import REGISTRY, OptimizerSpec
 
 if TYPE_CHECKING:
-    from optbench.workloads import Workload
+    from optbench.workloads import Built
 
 # Set before anything imports datasets or transformers (the workload fixture does): never touch the network.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -69,11 +69,12 @@ def device() -> torch.device:
 
 
 @pytest.fixture(scope="session")
-def workload(bench_size: BenchSize, device: torch.device) -> Workload:
+def workload(bench_size: BenchSize, device: torch.device) -> Built:
     """Built once; each benchmark trains a copy of its model (bench_support.fresh_model)."""
-    from optbench.workloads import build_workload
+    from optbench.workloads import get_workload
 
-    return build_workload(trial_spec(bench_size, "adamw", device))
+    spec = trial_spec(bench_size, "adamw", device)
+    return get_workload(spec.workload).build(spec)
 
 
 @pytest.fixture(params=list(REGISTRY), ids=list(REGISTRY))

@@ -17,28 +17,26 @@ import torch
 from bench_support import BenchSize, extra_info, train_step, trial_spec
 
 from optbench import measure
-from optbench.optimizers import resolve
 from optbench.plan import TrialSpec
-from optbench.trial import run_trial, train_batches
-from optbench.workloads import build_workload
+from optbench.trial import record_from_spec, run_trial, setup
+from optbench.workloads import train_batches
+from optbench.workloads.base import to_device
 
 HARNESS_EVAL_SIZE = 32  # the harness evaluates after training; this check does not need the accuracy
 
 
 def bare_step_median_s(spec: TrialSpec, device: torch.device) -> float:
-    """The same job without the harness: same model build, batches and optimizer; the median step over
-    the steps the harness's median covers."""
-    workload = build_workload(spec)
-    model = workload.model.to(device)
-    model.train()
-    optimizer = resolve(spec.optimizer).build([p for p in model.parameters() if p.requires_grad], lr=spec.lr)
-    batches = [{k: v.to(device) for k, v in batch.items()}
-               for batch in train_batches(workload.train, spec.batch_size, spec.steps, spec.seed)]
+    """The same job without the harness: the trial's own setup (model, optimizer, schedule), then a bare
+    loop over the same batches, each moved to the device as the harness does; the median step over the
+    steps the harness's median covers. Each step ends synchronized, as the harness's step does."""
+    s = setup(spec, record_from_spec(spec))
     gc.collect()
     times = []
-    for batch in batches:
+    for cpu_batch in train_batches(s.built.train, spec.batch_size, spec.steps, spec.seed):
+        batch = to_device(cpu_batch, device)
         start = measure.clock(device)
-        train_step(model, optimizer, batch, device)
+        train_step(s.model, s.optimizer, batch, device)
+        s.scheduler.step()
         times.append(measure.clock(device) - start)
     # The harness keeps step 0 (state creation) and the warm-up steps out of its median; so does this.
     return statistics.median(times[max(1, spec.warmup_steps):])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench_support import MemoryWatch, extra_info, first_batch, fresh_model, measured_record, trial_spec
+from bench_support import extra_info, first_batch, fresh_model, measured_record, trial_spec
 
 from optbench import measure
 
@@ -11,14 +11,14 @@ def test_optimizer_step(benchmark, optimizer_spec, workload, bench_size, device)
     spec = trial_spec(bench_size, optimizer_spec.name, device)
     model = fresh_model(workload, device)
     model(**first_batch(workload, bench_size.batch_size, device)).loss.backward()  # real gradients, kept
-    optimizer = optimizer_spec.build([p for p in model.parameters() if p.requires_grad])
-    memory = MemoryWatch(device)
+    optimizer = optimizer_spec.build_for(model)
+    memory = measure.MemoryWindow(device)
 
     def step() -> None:
         optimizer.step()
         measure.synchronize(device)
 
-    benchmark.group = f"optimizer.step: {workload.name} on {device}"
+    benchmark.group = f"optimizer.step: {workload.model_name} on {device}"
     # The warm-up rounds absorb the first step(), which allocates the state (and compiles, for torchao).
     benchmark.pedantic(step, rounds=bench_size.step_rounds, warmup_rounds=bench_size.warmup_rounds, iterations=1)
     record = measured_record(spec, optimizer_spec, workload, model, optimizer, device, memory)

@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
-from bench_support import MemoryWatch, extra_info, first_batch, fresh_model, measured_record, train_step, trial_spec
+from bench_support import extra_info, first_batch, fresh_model, measured_record, train_step, trial_spec
+
+from optbench import measure
 
 
 def test_train_step(benchmark, optimizer_spec, workload, bench_size, device):
     spec = trial_spec(bench_size, optimizer_spec.name, device)
     model = fresh_model(workload, device)
     batch = first_batch(workload, bench_size.batch_size, device)
-    optimizer = optimizer_spec.build([p for p in model.parameters() if p.requires_grad])
+    optimizer = optimizer_spec.build_for(model)
     # As in the trial: one forward/backward before the memory baseline pages the kernels in; grads dropped.
     model(**batch).loss.backward()
     model.zero_grad(set_to_none=True)
-    memory = MemoryWatch(device)
+    memory = measure.MemoryWindow(device)
 
-    benchmark.group = f"train step: {workload.name}, batch {spec.batch_size} x seq {spec.seq_len} on {device}"
+    benchmark.group = f"train step: {workload.model_name}, batch {spec.batch_size} x seq {spec.seq_len} on {device}"
     benchmark.pedantic(train_step, args=(model, optimizer, batch, device), rounds=bench_size.train_rounds,
                        warmup_rounds=bench_size.warmup_rounds, iterations=1)
     record = measured_record(spec, optimizer_spec, workload, model, optimizer, device, memory)

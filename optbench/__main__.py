@@ -8,13 +8,14 @@ commands that need them, so `list` and `report` start fast.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import warnings
 from pathlib import Path
 from typing import NoReturn
 
 from optbench import optimizers
-from optbench.plan import PRESETS, build_grid
+from optbench.plan import PRECISIONS, PRESETS, build_grid
 from optbench.runner import ResultsWriteError
 
 EXIT_USAGE = 2
@@ -47,6 +48,16 @@ def _positive_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number, got '{text}'") from None
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"must be a positive finite number, got {text}")
+    return value
+
+
+def _finite_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got '{text}'") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
     return value
 
 
@@ -99,7 +110,14 @@ def build_parser() -> argparse.ArgumentParser:
                      help="job size (smoke: seconds per optimizer; default: ~1.5 min per optimizer on CPU)")
     run.add_argument("--optimizers", type=_name_list, default=list(optimizers.DEFAULT_OPTIMIZERS),
                      help="comma-separated registry names or HF Trainer aliases (see `optbench list`)")
-    run.add_argument("--workload", help="minilm (pretrained, default) or tiny (random init, for tests)")
+    run.add_argument("--workload", help="minilm (pretrained BERT classifier, default), lm (causal LM from "
+                                        "scratch) or tiny (random-init BERT, for tests); see optbench.workloads")
+    run.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                     help="fp32 | bf16-autocast | fp16-autocast | bf16 (bf16 weights and grads, no fp32 master)")
+    run.add_argument("--eval-every", type=_positive_int,
+                     help="evaluate a fixed eval subset every K steps (untimed): eval curve and time to target")
+    run.add_argument("--target", type=_finite_float,
+                     help="time-to-target threshold on the workload's target metric (e.g. 0.9 accuracy)")
     run.add_argument("--model", help="HF model id or local folder, instead of the workload's model")
     run.add_argument("--dataset", help="HF dataset name[:config] or a local .csv/.json/.jsonl/.parquet")
     run.add_argument("--text-column", default="text")
@@ -167,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     recommend.add_argument("--gpu-memory", type=_memory_size, required=True, help="memory per GPU, e.g. 24GiB")
     recommend.add_argument("--results", type=Path,
                            help="results file: adds the activation overhead and accuracy measured there")
-    recommend.add_argument("--precision", choices=["fp32", "bf16-autocast", "fp16-autocast", "bf16"],
+    recommend.add_argument("--precision", choices=PRECISIONS,
                            default="fp32", help="training precision (bf16: 2-byte weights, grads and state)")
     return parser
 
@@ -200,7 +218,8 @@ def _run(args: argparse.Namespace) -> int:
         label_column=args.label_column, device=args.device, steps=steps, warmup_steps=warmup,
         batch_size=args.batch_size or preset.batch_size, seq_len=args.seq_len or preset.seq_len,
         eval_size=args.eval_size or preset.eval_size, lr=args.lr,
-        timeout_s=args.timeout or preset.timeout_s, fidelity=args.fidelity, max_memory_bytes=args.max_memory,
+        timeout_s=args.timeout or preset.timeout_s, fidelity=args.fidelity, precision=args.precision,
+        eval_every=args.eval_every or 0, target=args.target, max_memory_bytes=args.max_memory,
     )
     seeds = args.seeds if args.seeds else list(preset.seeds)
     specs = build_grid(list(dict.fromkeys(specs_optimizers)), seeds, **settings)
@@ -264,20 +283,18 @@ def _executor(args: argparse.Namespace, specs: list, out: Path):
 
 
 def _check_inputs(spec) -> None:
-    """Load the dataset and the model config in this process first, so bad input fails in a second."""
+    """Ask the workload to check the dataset and model in this process first, so bad input fails in a second."""
+    from optbench.precision import parse_precision
     from optbench.trial import resolve_device
-    from optbench.workloads import WORKLOADS, WorkloadError, check_model, load_splits, minilm_path
+    from optbench.workloads import WorkloadError, get_workload
 
-    if spec.model is None and spec.workload not in WORKLOADS and not spec.workload.startswith("tiny-w"):
-        raise UsageError(f"unknown workload '{spec.workload}'; known: {', '.join(WORKLOADS)} "
-                         "(or pass --model)")
     try:
         resolve_device(spec.device)
     except (ValueError, RuntimeError) as exc:
         raise UsageError(f"{exc}; pass --device cpu (or auto)") from None
     try:
-        load_splits(spec)
-        check_model(spec.model or (minilm_path() if spec.workload == "minilm" else "tiny"))
+        parse_precision(spec.precision)
+        get_workload(spec.workload).check(spec)
     except (WorkloadError, ValueError, RuntimeError) as exc:
         raise UsageError(str(exc)) from None
 
@@ -301,8 +318,16 @@ def _summary_line(record) -> str:
               if record.peak_cuda_allocated_bytes is not None
               else f"peak RSS {record.peak_rss_bytes / mib:,.0f} MiB (+{record.peak_rss_growth_bytes / mib:,.0f})")
     return (f"{head} state {record.state_bytes / mib:,.1f} MiB ({record.state_bytes_per_param:.3f} B/param), "
-            f"{memory}, step {record.step_time_median_s * 1e3:,.0f} ms, acc {record.eval_accuracy:.3f}"
+            f"{memory}, step {record.step_time_median_s * 1e3:,.0f} ms, {_headline(record)}"
             f" [{record.wall_s:.0f} s]")
+
+
+def _headline(record) -> str:
+    """The workload's target metric, from whichever split the trial was scored on."""
+    metrics = record.val_metrics if record.stage == "tune" else record.eval_metrics
+    value = metrics.get(record.target_metric)
+    split = "val" if record.stage == "tune" else "eval"
+    return f"{split} {record.target_metric} {value:.4g}" if value is not None else f"no {record.target_metric}"
 
 
 def _load_records(files: list[Path]):

@@ -110,12 +110,12 @@ _FILE_BUILDERS = {".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": 
 OFFLINE_HINT = "the offline default is the embedded dataset (omit --dataset)"
 
 
-def load_user_dataset(source: str, text_column: str, label_column: str
+def load_user_dataset(source: str, text_column: str, label_column: str | None
                       ) -> tuple[datasets.Dataset, datasets.Dataset]:
     """Train/eval splits from a local csv/json/parquet file or an HF dataset `name[:config]`.
 
     Uses the dataset's validation (or test) split when it has one, else holds out 10 % of train.
-    String labels are encoded to class ids.
+    String labels are encoded to class ids; `label_column=None` reads text only (language modelling).
     """
     # Our own one-line error says what failed; datasets' log lines and progress bars would only repeat it.
     datasets.logging.set_verbosity(datasets.logging.CRITICAL)
@@ -136,7 +136,7 @@ def load_user_dataset(source: str, text_column: str, label_column: str
             raise DatasetError(f"cannot load dataset '{source}' from the Hugging Face hub "
                                f"({type(exc).__name__}); {OFFLINE_HINT}") from exc
     train = loaded["train"] if "train" in loaded else next(iter(loaded.values()))
-    for column in (text_column, label_column):
+    for column in (text_column, label_column) if label_column else (text_column,):
         if column not in train.column_names:
             raise DatasetError(f"dataset {source} has no column '{column}' "
                                f"(columns: {', '.join(train.column_names)}); "
@@ -144,7 +144,7 @@ def load_user_dataset(source: str, text_column: str, label_column: str
     if len(train) < 2:
         raise DatasetError(f"dataset {source} has {len(train)} rows; need at least 2")
     held_out = next((loaded[s] for s in ("validation", "test") if s in loaded), None)
-    if not isinstance(train.features[label_column], datasets.ClassLabel):
+    if label_column and not isinstance(train.features[label_column], datasets.ClassLabel):
         combined = train if held_out is None else datasets.concatenate_datasets([train, held_out])
         names = sorted({str(v) for v in combined[label_column]})
         to_id = {n: i for i, n in enumerate(names)}

@@ -133,8 +133,8 @@ class LocalExecutor:
 
     def run(self, spec: TrialSpec, env: dict[str, str]) -> Record:
         child_env = {"TOKENIZERS_PARALLELISM": "false", **env}
-        if not self.echo:
-            child_env["TQDM_DISABLE"] = "1"  # a log gets no progress-bar frames
+        if self.echo:
+            child_env["OPTBENCH_PROGRESS"] = "1"  # the trial's bar reaches our terminal; a log gets none
         with tempfile.TemporaryDirectory(prefix="optbench-") as tmp:
             spec_path, record_path, log_path = (Path(tmp) / name for name in ("spec.json", "record.json", "log"))
             spec_path.write_text(json.dumps(spec.to_dict()))
@@ -193,8 +193,9 @@ class LocalExecutor:
             return child
 
     def _forkserver_locked(self) -> multiprocessing.context.BaseContext:
-        """The forkserver, started on first use with the preloads (and, off a TTY, tqdm disabled:
-        tqdm reads TQDM_* at import, which happens in the server, not in the forked child)."""
+        """The forkserver, started on first use with the preloads. Its environment is what libraries read
+        at import (once, in the server): tokenizers without their own thread pool, and a CUDA check
+        through NVML so that nothing preloaded initialises CUDA."""
         if self._context is None:
             from multiprocessing import forkserver
 
@@ -202,8 +203,6 @@ class LocalExecutor:
             self._context.set_forkserver_preload(list(self.preload))
             saved = os.environ.copy()
             os.environ.update({"TOKENIZERS_PARALLELISM": "false", "PYTORCH_NVML_BASED_CUDA_CHECK": "1"})
-            if not self.echo:
-                os.environ["TQDM_DISABLE"] = "1"
             try:
                 forkserver.ensure_running()
             finally:

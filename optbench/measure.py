@@ -5,13 +5,18 @@ Each probe exists because the obvious way to measure gets it wrong:
   across parameters, so state is counted after training, one storage at a time;
 - tensor subclasses (torchao's quantised states) report the element size of the dtype they pretend
   to be, so they are counted through their inner tensors (`__tensor_flatten__`);
-- CUDA kernels run asynchronously, so every timed region is bracketed by a synchronize;
+- CUDA kernels run asynchronously: a step is timed with CUDA events and synchronized once, at its end
+  (a synchronize between backward and step() would serialize what a real loop overlaps);
 - tracemalloc does not see tensor memory, so CPU peaks come from the kernel's VmHWM, which can be
   reset by writing 5 to /proc/self/clear_refs.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import gc
+import os
 import statistics
 import time
 from collections.abc import Iterable, Iterator
@@ -110,6 +115,42 @@ def reset_peaks(device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
+def release_freed_memory() -> None:
+    """Collect garbage and hand freed heap pages back to the OS (glibc keeps them mapped unless asked),
+    so memory an earlier phase freed does not hide the next phase's RSS growth."""
+    gc.collect()
+    libc_name = ctypes.util.find_library("c")
+    if libc_name:
+        libc = ctypes.CDLL(libc_name)
+        if hasattr(libc, "malloc_trim"):
+            libc.malloc_trim(0)
+
+
+class MemoryWindow:
+    """Peak memory from now on: CUDA peak allocated/reserved on GPU; RSS high-water mark and its growth
+    over the RSS at the window's start on CPU. The trial opens one after setup and a warm-up pass; the
+    benchmarks open one per benchmark."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        release_freed_memory()
+        synchronize(device)
+        self.rss_baseline_bytes = current_rss_bytes()
+        reset_peaks(device)
+
+    def rss_growth_bytes(self) -> int | None:
+        """RSS now over the window's baseline (None where /proc is absent)."""
+        now = current_rss_bytes()
+        return None if now is None or self.rss_baseline_bytes is None else now - self.rss_baseline_bytes
+
+    def fill(self, record: Any) -> None:
+        """Set the record's peak fields (peak_cuda_*, peak_rss_bytes, peak_rss_growth_bytes)."""
+        record.peak_cuda_allocated_bytes, record.peak_cuda_reserved_bytes = cuda_peaks(self.device)
+        record.peak_rss_bytes = peak_rss_bytes()
+        if record.peak_rss_bytes is not None and self.rss_baseline_bytes is not None:
+            record.peak_rss_growth_bytes = record.peak_rss_bytes - self.rss_baseline_bytes
+
+
 def cuda_peaks(device: torch.device) -> tuple[int | None, int | None]:
     """(peak allocated, peak reserved) bytes since the last reset; (None, None) off CUDA."""
     if device.type != "cuda":
@@ -137,3 +178,74 @@ def median_iqr(values: list[float]) -> tuple[float | None, float | None]:
         return values[0], 0.0
     q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
     return statistics.median(values), q3 - q1
+
+
+class StepTimer:
+    """Named timestamps within one train step, read as intervals once the step is done.
+
+    On CUDA each mark records an event on the current stream and `intervals` synchronizes once, on the
+    last event, so the device runs the step as an untimed loop would; on CPU marks are perf_counter().
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.marks: dict[str, torch.cuda.Event | float] = {}
+
+    def mark(self, name: str) -> None:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.marks[name] = event
+        else:
+            self.marks[name] = time.perf_counter()
+
+    def seconds(self, start: str, end: str) -> float:
+        """Seconds between two marks; on CUDA the first call waits for the last recorded event."""
+        first, last = self.marks[start], self.marks[end]
+        if self.cuda:
+            list(self.marks.values())[-1].synchronize()
+            return first.elapsed_time(last) / 1e3
+        return last - first
+
+
+def copy_bandwidth_bytes_per_s(device: torch.device, nbytes: int = 128 * 2**20, repeats: int = 5) -> float:
+    """This device's memory bandwidth as a large tensor copy sees it: bytes read + written per second,
+    best of `repeats` (the roofline an optimizer step's memory traffic is compared with)."""
+    source = torch.empty(nbytes // 4, dtype=torch.float32, device=device).fill_(1.0)
+    target = torch.empty_like(source)
+    best = float("inf")
+    for _ in range(repeats):
+        start = clock(device)
+        target.copy_(source)
+        best = min(best, clock(device) - start)
+    del source, target
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # the copy's blocks must not sit in the trial's reserved memory
+    return 2 * nbytes / best
+
+
+SLOWDOWN_ENV = "OPTBENCH_TEST_OPTIMIZER_SLOWDOWN"
+
+
+def injected_slowdown(elapsed_s: float) -> None:
+    """Test-only knob: with OPTBENCH_TEST_OPTIMIZER_SLOWDOWN=0.3 each optimizer.step() takes 30 % longer.
+
+    The regression gate's tests and the nightly's red-night check use it to make a known slowdown."""
+    fraction = float(os.environ.get(SLOWDOWN_ENV) or 0)
+    if fraction > 0:
+        time.sleep(fraction * elapsed_s)
+
+
+def slow_down_if_asked(optimizer: torch.optim.Optimizer) -> None:
+    """Wrap `optimizer.step` so it sleeps per `injected_slowdown`; a no-op unless the knob is set."""
+    if not float(os.environ.get(SLOWDOWN_ENV) or 0):
+        return
+    step = optimizer.step
+
+    def slowed_step(*args, **kwargs):
+        start = time.perf_counter()
+        result = step(*args, **kwargs)
+        injected_slowdown(time.perf_counter() - start)
+        return result
+
+    optimizer.step = slowed_step

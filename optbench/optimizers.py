@@ -33,6 +33,31 @@ BNB_QMAP_BYTES = 2 * 256 * FP32_BYTES
 NOMINAL_SHAPE = (1024, 1024)
 
 
+@dataclass(frozen=True)
+class AnalyticState:
+    """What an entry's state should be for a model: bytes, the parameters whose state stays full
+    precision, and the bytes one optimizer.step() must read and write."""
+
+    state_bytes: int
+    fp32_state_numel: int
+    step_traffic_bytes: int
+
+
+def factored_numel(shapes: Sequence[Shape]) -> int:
+    """Σ rows + columns over tensors of rank >= 2 (numel for vectors): what a factored second moment keeps.
+
+    Adafactor stores a row and a column statistic per matrix instead of one value per element, so its
+    state grows with this count, not with the parameter count (scaling.py fits it against this).
+    """
+    total = 0
+    for shape in shapes:
+        if len(shape) >= 2:
+            total += math.prod(shape[:-1]) + math.prod(shape[:-2]) * shape[-1]
+        else:
+            total += math.prod(shape)
+    return total
+
+
 class UnknownOptimizerError(ValueError):
     """Raised for a name that is neither registered nor an alias; the message lists the known names."""
 
@@ -71,6 +96,27 @@ class OptimizerSpec:
         merged = {**(self.default_kwargs or {}), **kwargs}
         return self.factory(params, lr=self.default_lr if lr is None else lr, **merged)
 
+    def build_for(self, model: Any, lr: float | None = None, **kwargs: Any) -> Any:
+        """Build the optimizer over a model's trainable parameters."""
+        return self.build([p for p in model.parameters() if p.requires_grad], lr=lr, **kwargs)
+
+    def analytic_for(self, model: Any) -> AnalyticState:
+        params = [p for p in model.parameters() if p.requires_grad]
+        state = self.analytic_state_bytes([tuple(p.shape) for p in params])
+        numel = sum(p.numel() for p in params)
+        return AnalyticState(state_bytes=state, fp32_state_numel=numel if self.precision == "fp32" else 0,
+                             step_traffic_bytes=2 * state + 3 * FP32_BYTES * numel)
+
+    def before_eval(self, optimizer: Any) -> None:
+        """Hook around evaluation (schedule-free optimizers switch their weights); a no-op by default."""
+
+    def after_eval(self, optimizer: Any) -> None:
+        """Undo `before_eval`."""
+
+    def paging(self, optimizer: Any) -> tuple[bool | None, str | None]:
+        """(paged, why not) for paged optimizers; (None, None) for the others."""
+        return None, None
+
 
 def _numel(shape: Shape) -> int:
     return math.prod(shape)
@@ -96,16 +142,7 @@ def _bnb_8bit_state_bytes(shapes: list[Shape]) -> int:
 def _adafactor_state_bytes(shapes: list[Shape]) -> int:
     # transformers' Adafactor without momentum: a factored second moment (row + column statistics) for
     # tensors of rank >= 2, a full one for vectors, and one fp32 RMS scalar per parameter.
-    total = 0
-    for shape in shapes:
-        if len(shape) >= 2:
-            rows = _numel(shape[:-1])
-            cols = _numel(shape[:-2]) * shape[-1]
-            total += FP32_BYTES * (rows + cols)
-        else:
-            total += FP32_BYTES * _numel(shape)
-        total += FP32_BYTES
-    return total
+    return FP32_BYTES * (factored_numel(shapes) + len(shapes))
 
 
 def _make_adamw(params: Iterable[Any], lr: float, **kwargs: Any) -> Any:

@@ -38,6 +38,7 @@ PRESETS: dict[str, Preset] = {
 }
 
 
+PRECISIONS = ("fp32", "bf16-autocast", "fp16-autocast", "bf16")  # see optbench/precision.py
 _NOT_IN_ID = ("timeout_s", "max_memory_bytes")
 _LATER_FIELDS = ("stage", "val_fraction", "precision", "eval_every", "target", "engine", "parallel", "nproc")
 

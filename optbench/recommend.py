@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from optbench import estimate as est
 from optbench.optimizers import REGISTRY, UnknownOptimizerError, resolve
 
-PRECISIONS = ("fp32", "bf16-autocast", "fp16-autocast", "bf16")
 # Pure bf16 training keeps weights and grads in 2 bytes, and torch optimizers keep their state in the
 # parameter's dtype, so full-precision and factored state halve too; quantised (8-bit) state does not.
 HALVED_STATE_PRECISIONS = ("fp32", "factored")

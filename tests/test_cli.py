@@ -8,7 +8,7 @@ import sys
 import pandas as pd
 import pytest
 
-TINY_RUN = ["--workload", "tiny", "--steps", "4", "--warmup-steps", "1", "--batch-size", "4",
+TINY_RUN = ["--workload", "tiny", "--device", "cpu", "--steps", "4", "--warmup-steps", "1", "--batch-size", "4",
             "--seq-len", "16", "--eval-size", "16"]
 
 

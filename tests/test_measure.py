@@ -83,3 +83,32 @@ def test_cuda_peak_allocated_sees_a_tensor():
     allocated, reserved = measure.cuda_peaks(device)
     assert allocated >= 4 * 2**20 and reserved >= allocated
     del block
+
+
+def test_step_timer_on_cpu_reads_intervals_between_marks():
+    timer = measure.StepTimer(torch.device("cpu"))
+    timer.mark("a")
+    sum(range(100_000))
+    timer.mark("b")
+    timer.mark("c")
+    assert timer.seconds("a", "b") > 0 and timer.seconds("a", "c") >= timer.seconds("a", "b")
+
+
+def test_copy_bandwidth_is_a_positive_rate():
+    assert measure.copy_bandwidth_bytes_per_s(torch.device("cpu"), nbytes=8 * 2**20, repeats=2) > 1e8
+
+
+def test_slowdown_knob_is_off_unless_set_and_slows_step_when_set(monkeypatch):
+    param = torch.nn.Parameter(torch.ones(4))
+    optimizer = torch.optim.SGD([param], lr=0.1)
+    original = optimizer.step
+    monkeypatch.delenv(measure.SLOWDOWN_ENV, raising=False)
+    measure.slow_down_if_asked(optimizer)
+    assert optimizer.step == original  # untouched: no cost in real runs
+    monkeypatch.setenv(measure.SLOWDOWN_ENV, "1.0")
+    slept = []
+    monkeypatch.setattr(measure.time, "sleep", slept.append)
+    measure.slow_down_if_asked(optimizer)
+    param.grad = torch.ones(4)
+    optimizer.step()
+    assert len(slept) == 1 and slept[0] > 0 and torch.allclose(param.detach(), torch.full((4,), 0.9))

@@ -13,7 +13,7 @@ from optbench.plan import TrialSpec, build_grid
 from optbench.results import Record, read_records
 from optbench.runner import child_environments, run_in_subprocess, run_sweep
 
-TINY = dict(workload="tiny", steps=3, warmup_steps=1, batch_size=4, seq_len=16, eval_size=16)
+TINY = dict(workload="tiny", device="cpu", steps=3, warmup_steps=1, batch_size=4, seq_len=16, eval_size=16)
 
 
 def test_resume_skips_trials_already_ok(tmp_path):

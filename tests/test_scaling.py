@@ -10,7 +10,7 @@ from optbench.trial import run_trial
 
 # Two steps are enough: the state is complete after the first. 1.0 M to 9.6 M parameters.
 WIDTHS = (32, 64, 128, 256)
-QUICK = dict(steps=2, warmup_steps=1, batch_size=2, seq_len=8, eval_size=4)
+QUICK = dict(device="cpu", steps=2, warmup_steps=1, batch_size=2, seq_len=8, eval_size=4)
 NAMES = [n for n in ("adamw", "adamw8bit", "adafactor") if optimizers.resolve(n).available]
 
 

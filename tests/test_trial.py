@@ -6,7 +6,7 @@ from optbench import optimizers
 from optbench.plan import TrialSpec
 from optbench.trial import run_trial
 
-TINY = dict(workload="tiny", steps=6, warmup_steps=2, batch_size=4, seq_len=16, eval_size=24)
+TINY = dict(workload="tiny", device="cpu", steps=6, warmup_steps=2, batch_size=4, seq_len=16, eval_size=24)
 
 
 @pytest.mark.parametrize("name", [s.name for s in optimizers.REGISTRY.values() if s.available])

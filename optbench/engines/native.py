@@ -1,0 +1,113 @@
+"""optbench's own training loop: plain PyTorch, timed the way a GPU needs.
+
+Per step: move one batch to the device, forward under the precision's autocast, backward (through the
+GradScaler for fp16 on CUDA), optimizer step, zero_grad and schedule. Three intervals are timed —
+forward/backward, optimizer step, zero_grad + schedule — with `measure.StepTimer`: CUDA events, one
+synchronize at the end of the step (never between backward and step()), perf_counter on CPU. The gaps
+between intervals hold the untimed probes (fidelity, RSS after the last step); `--eval-every`
+evaluations run between steps, so neither shows in the medians.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from typing import TYPE_CHECKING
+
+from optbench import measure
+from optbench.engines import EngineResult
+from optbench.workloads import train_batches
+from optbench.workloads.base import to_device
+
+if TYPE_CHECKING:
+    from optbench.results import Record
+    from optbench.trial import Setup
+
+
+def warm_up(s: Setup) -> None:
+    """One forward/backward before the memory baseline pages in the kernels and warms the allocator,
+    which every optimizer would otherwise be charged for; its gradients are dropped."""
+    batch = to_device(next(train_batches(s.built.train, s.spec.batch_size, 1, s.spec.seed)), s.device)
+    with s.precision.autocast(s.device):
+        loss = s.workload.loss(s.model, batch)
+    loss.backward()
+    s.model.zero_grad(set_to_none=True)
+
+
+def optimizer_step(s: Setup) -> None:
+    if s.scaler is None:
+        s.optimizer.step()
+    else:
+        s.scaler.step(s.optimizer)
+        s.scaler.update()
+
+
+def train(s: Setup, record: Record) -> EngineResult:
+    from optbench.fidelity import UpdateFidelity, median_of
+    from optbench.trial import Diverged, evaluate
+
+    spec = s.spec
+    # Built before the baseline so its fixed buffers (parameter snapshot + shadow parameters) sit in it;
+    # the shadow's moments appear lazily on its first step and do land in the peaks: hence `fidelity`.
+    probe = UpdateFidelity(s.optimizer) if spec.fidelity else None
+    curve_split = s.curve_split if spec.eval_every else None
+    warm_up(s)
+    memory = measure.MemoryWindow(s.device)
+    step_times: list[float] = []
+    optimizer_times: list[float] = []
+    trained_s = 0.0
+    progress = _progress(spec, record)
+    for step, cpu_batch in enumerate(train_batches(s.built.train, spec.batch_size, spec.steps, spec.seed)):
+        batch = to_device(cpu_batch, s.device)
+        timer = measure.StepTimer(s.device)
+        timer.mark("start")
+        with s.precision.autocast(s.device):
+            loss = s.workload.loss(s.model, batch)
+        (loss if s.scaler is None else s.scaler.scale(loss)).backward()
+        timer.mark("backward")
+        if probe is not None:
+            probe.before_step()
+        timer.mark("step")
+        optimizer_step(s)
+        timer.mark("stepped")
+        if probe is not None:
+            probe.after_step()
+        if step == spec.steps - 1:
+            record.rss_growth_after_step_bytes = memory.rss_growth_bytes()
+        timer.mark("zero")
+        s.optimizer.zero_grad(set_to_none=True)
+        s.scheduler.step()
+        timer.mark("end")
+        step_s = timer.seconds("start", "backward") + timer.seconds("step", "stepped") + timer.seconds("zero", "end")
+        trained_s += step_s
+        loss_value = loss.item()
+        record.loss_curve.append(loss_value)
+        if step == 0:
+            record.first_step_s = step_s
+        elif step >= spec.warmup_steps:
+            step_times.append(step_s)
+            optimizer_times.append(timer.seconds("step", "stepped"))
+        progress.update(1)
+        progress.set_postfix(loss=f"{loss_value:.3f}", refresh=False)
+        if not math.isfinite(loss_value):
+            raise Diverged(f"loss became {loss_value} at step {step}")
+        if curve_split is not None and (step + 1) % spec.eval_every == 0:
+            metrics = evaluate(s, curve_split)
+            record.eval_curve.append([step + 1, trained_s, metrics[record.target_metric]])
+    progress.close()
+    if probe is not None:
+        record.update_cosine_curve, record.update_rel_error_curve = probe.cosines, probe.rel_errors
+        record.update_cosine_median = median_of(probe.cosines)
+        record.update_rel_error_median = median_of(probe.rel_errors)
+    return EngineResult(memory=memory, step_times=step_times, optimizer_times=optimizer_times)
+
+
+def _progress(spec, record: Record):
+    from tqdm.auto import tqdm
+
+    # A bar only on a terminal (the runner sets OPTBENCH_PROGRESS=1 when its own stderr is one): a log
+    # file would collect every carriage-return frame.
+    on_terminal = sys.stderr.isatty() or os.environ.get("OPTBENCH_PROGRESS") == "1"
+    return tqdm(total=spec.steps, desc=f"{record.optimizer} seed={spec.seed}", unit="step", file=sys.stderr,
+                leave=False, dynamic_ncols=True, disable=not on_terminal)

