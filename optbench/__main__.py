@@ -290,9 +290,6 @@ def _check_inputs(spec) -> None:
 
     try:
         resolve_device(spec.device)
-    except (ValueError, RuntimeError) as exc:
-        raise UsageError(f"{exc}; pass --device cpu (or auto)") from None
-    try:
         parse_precision(spec.precision)
         get_workload(spec.workload).check(spec)
     except (WorkloadError, ValueError, RuntimeError) as exc:

@@ -39,8 +39,8 @@ CASES = [
     (RUN + ["--model", "not-a-model"], "not-a-model"),
     (RUN + ["--dataset", "empty.csv"], "cannot read dataset file empty.csv"),
     (RUN + ["--dataset", "one-class.csv"], "has a single class in 'label'"),
-    (RUN + ["--device", "cuda"], "sees no CUDA device; pass --device cpu (or auto)"),
-    (RUN + ["--device", "tpu"], "pass --device cpu (or auto)"),
+    (RUN + ["--device", "cuda"], "sees no CUDA device (use --device cpu)"),
+    (RUN + ["--device", "tpu"], "unknown device 'tpu'; use auto, cpu, cuda or cuda:N"),
     # report / compare: malformed JSON where results are read
     (["report", "malformed.jsonl"], "malformed.jsonl:1: not a JSON line"),
     (["report", "good.jsonl", "--format", "xml"], "--format: invalid choice"),
