@@ -78,7 +78,7 @@ def test_submitit_local_executor_records_each_trial_once(tmp_path):
 
 
 def test_child_environments_split_cpu_threads_or_pin_one_gpu_each():
-    specs = [TrialSpec(optimizer="adamw", **TINY)]
+    specs = [TrialSpec(optimizer="adamw", **{**TINY, "device": "auto"})]
     assert child_environments(specs, 1, cpu_count=8, gpu_count=0) == [{}]
     assert child_environments(specs, 3, cpu_count=8, gpu_count=0) == [
         {"OPTBENCH_TORCH_THREADS": "2", "OMP_NUM_THREADS": "2"}] * 3
