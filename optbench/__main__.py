@@ -19,6 +19,7 @@ from optbench import optimizers
 from optbench.engines import ENGINES
 from optbench.engines.parallel import MODES as PARALLEL_MODES
 from optbench.plan import PRECISIONS, PRESETS, STUDY_BUDGETS, StudyBudget, build_grid
+from optbench.runner import ResultsWriteError
 
 EXIT_USAGE = 2
 EXIT_REGRESSION = 1  # `compare` found a row beyond its thresholds
@@ -150,6 +151,12 @@ def build_parser() -> argparse.ArgumentParser:
                      help="scaling sweep: tiny BERT at several widths, few steps; fits state bytes vs params "
                           "(default out: results/scaling.jsonl, writes scaling.png beside it)")
     run.add_argument("--widths", type=_int_list, help="with --scale: hidden widths (default 32,64,128,256,512)")
+    run.add_argument("--jobs", type=_positive_int, default=1,
+                     help="trials at once: one GPU each on CUDA; on CPU the cores are shared (timings interfere)")
+    run.add_argument("--executor", choices=["local", "slurm"], default="local",
+                     help="local processes, or one slurm job per trial through submitit (pip install submitit)")
+    run.add_argument("--max-memory", type=_memory_size, metavar="SIZE",
+                     help="cap on the memory each trial adds (RLIMIT_AS), e.g. 8GiB: past it the trial is `oom`")
 
     _add_study_parser(commands)
 
@@ -207,6 +214,16 @@ def build_parser() -> argparse.ArgumentParser:
     estimate.add_argument("--gpus", type=_positive_int, default=1,
                           help="data-parallel GPUs; >1 adds ZeRO-1/2/3 columns (state / + grads / + weights sharded)")
     estimate.add_argument("--gpu-memory", type=_memory_size, help="memory per GPU, e.g. 80GiB, 24GB: says what fits")
+
+    recommend = commands.add_parser("recommend", help="which optimizers fit a memory budget, best trade-offs first")
+    size = recommend.add_mutually_exclusive_group(required=True)
+    size.add_argument("--params", type=_param_count, help="parameter count: 65783042, 7e9 or 7B")
+    size.add_argument("--model", help="local model folder or HF id: counted from its config on the meta device")
+    recommend.add_argument("--gpu-memory", type=_memory_size, required=True, help="memory per GPU, e.g. 24GiB")
+    recommend.add_argument("--results", type=Path,
+                           help="results file: adds the activation overhead and accuracy measured there")
+    recommend.add_argument("--precision", choices=PRECISIONS,
+                           default="fp32", help="training precision (bf16: 2-byte weights, grads and state)")
     return parser
 
 
@@ -289,7 +306,7 @@ def _study(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from optbench import scaling
-    from optbench.results import Record
+    from optbench.results import Record, check_writable
     from optbench.runner import run_sweep
 
     if args.scale and (args.workload or args.model):
@@ -319,7 +336,8 @@ def _run(args: argparse.Namespace) -> int:
         batch_size=args.batch_size or preset.batch_size, seq_len=args.seq_len or preset.seq_len,
         eval_size=args.eval_size or preset.eval_size, lr=args.lr,
         timeout_s=args.timeout or preset.timeout_s, fidelity=args.fidelity, precision=args.precision,
-        eval_every=args.eval_every or 0, target=args.target, **_parallel_settings(args),
+        eval_every=args.eval_every or 0, target=args.target, max_memory_bytes=args.max_memory,
+        **_parallel_settings(args),
     )
     seeds = args.seeds if args.seeds else list(preset.seeds)
     specs = [dataclasses.replace(spec, optimizer_kwargs=kwargs_by_optimizer.get(spec.optimizer, {}))
@@ -331,8 +349,12 @@ def _run(args: argparse.Namespace) -> int:
             raise UsageError(str(exc)) from None
     _check_inputs(specs[0])
     out = args.out or (scaling.SCALE_OUT if args.scale else Path("results") / f"{args.preset}.jsonl")
-    if out.exists() and not out.is_file():
-        raise UsageError(f"--out {out} is not a file")
+    try:
+        check_writable(out)
+    except OSError as exc:
+        raise UsageError(f"cannot write results to {out}: {exc.strerror or exc} (pass a writable file with --out)") \
+            from None
+    executor = _executor(args, specs, out)
 
     def show(record: Record) -> None:
         print(_summary_line(record), flush=True)
@@ -345,7 +367,7 @@ def _run(args: argparse.Namespace) -> int:
         else:
             _record_unavailable(spec, reason, out, show)
     print(f"optbench: {len(specs)} trials -> {out}", file=sys.stderr)
-    run_sweep(runnable, out, on_record=show)
+    run_sweep(runnable, out, on_record=show, jobs=args.jobs, executor=executor)
     if args.scale:
         markdown, figure = scaling.write_scaling(_load_records([out]), out)
         print(markdown, end="")
@@ -369,6 +391,30 @@ def _parallel_settings(args: argparse.Namespace) -> dict[str, object]:
     if nproc < 2:
         raise UsageError(f"--parallel {args.parallel} needs --nproc 2 or more")
     return {"engine": "native", "parallel": args.parallel, "nproc": nproc}
+
+
+def _executor(args: argparse.Namespace, specs: list, out: Path):
+    """The executor `run` asked for; on CPU, --jobs > 1 comes with a warning about timings."""
+    from optbench.executors import LocalExecutor, SubmititExecutor
+    from optbench.runner import cuda_device_count
+    from optbench.trial import resolve_device
+
+    on_cpu = all(resolve_device(spec.device).type == "cpu" for spec in specs)
+    if args.executor == "slurm":
+        try:
+            return SubmititExecutor(out.parent / "submitit", cluster="slurm")
+        except ImportError:
+            raise UsageError("--executor slurm needs submitit: pip install 'optbench[slurm]'") from None
+        except RuntimeError as exc:  # submitit finds no slurm here
+            raise UsageError(f"--executor slurm: {exc} (use --executor local)") from None
+    if args.jobs > 1 and on_cpu:
+        print(f"optbench: warning: {args.jobs} trials at once share this CPU's cores and memory bandwidth; their "
+              "step times interfere (use --jobs 1 for timings you quote)", file=sys.stderr)
+    elif args.jobs > cuda_device_count() > 0:
+        print(f"optbench: warning: --jobs {args.jobs} but {cuda_device_count()} GPU(s): one trial per GPU at once",
+              file=sys.stderr)
+    uses_bitsandbytes = any(optimizers.resolve(s.optimizer).library.startswith("bitsandbytes") for s in specs)
+    return LocalExecutor(preload_bitsandbytes=on_cpu and uses_bitsandbytes)
 
 
 def _check_inputs(spec) -> None:
@@ -532,6 +578,22 @@ def _estimate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _recommend(args: argparse.Namespace) -> int:
+    """Exit 0 when something fits, 1 when nothing does (the answer says what to try)."""
+    from optbench import estimate, recommend
+
+    try:
+        size = estimate.size_from_count(args.params) if args.params else estimate.size_from_model(args.model)
+    except estimate.EstimateError as exc:
+        raise UsageError(str(exc)) from None
+    records = _load_records([args.results]) if args.results else []
+    if args.results and not records:
+        raise UsageError(f"no records in {args.results}")
+    rows = recommend.recommend(size, args.gpu_memory, records, args.precision)
+    print(recommend.render(rows, size, args.gpu_memory, args.precision, str(args.results) if args.results else None))
+    return 0 if any(r.fits for r in rows) else 1
+
+
 def _list(_: argparse.Namespace) -> int:
     from tabulate import tabulate
 
@@ -549,7 +611,7 @@ def _list(_: argparse.Namespace) -> int:
 
 
 COMMANDS = {"run": _run, "study": _study, "list": _list, "report": _report, "estimate": _estimate,
-            "compare": _compare, "nightly": _nightly}
+            "compare": _compare, "nightly": _nightly, "recommend": _recommend}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -559,10 +621,14 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"optbench: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except KeyboardInterrupt:
-        print("optbench: interrupted; finished trials are saved, re-run the same command to resume",
-              file=sys.stderr)
+    except KeyboardInterrupt as exc:
+        recorded = getattr(exc, "recorded", 0)
+        print(f"optbench: interrupted: {recorded} trials recorded, rerun the same command to resume", file=sys.stderr)
         return 130
+    except ResultsWriteError as exc:  # the results file stopped taking records (disk full, ...)
+        print(f"optbench: error: {exc.strerror or exc}; free space or pick another --out, then rerun to resume",
+              file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

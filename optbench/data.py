@@ -156,6 +156,9 @@ def load_user_dataset(source: str, text_column: str, label_column: str | None
         if held_out is not None:
             held_out = held_out.map(encode, batched=True).cast_column(
                 label_column, datasets.ClassLabel(names=names))
+    if len(set(train[label_column])) < 2:
+        raise DatasetError(f"dataset {source} has a single class in '{label_column}'; a classifier needs at "
+                           "least 2 (pick another --label-column or dataset)")
     if held_out is None:
         split = train.train_test_split(test_size=0.1, seed=DATA_SEED)
         train, held_out = split["train"], split["test"]

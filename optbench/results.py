@@ -1,13 +1,16 @@
 """The results record, its JSON Lines store and the environment stamp every record carries.
 
 One `Record` per trial; its fields *are* the schema (units in the names). The store appends one line
-per finished trial and fsyncs it, so killing a sweep loses at most the trial in flight; the reader
-skips a torn last line with a warning instead of failing the whole file.
+per finished trial under a file lock and fsyncs it, so killing a sweep loses at most the trials in
+flight and concurrent writers never interleave; the reader skips torn or corrupt lines with a warning
+instead of failing the whole file.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
+import fcntl
 import json
 import math
 import os
@@ -129,6 +132,7 @@ class Record:
     steps_to_target: int | None = None
     time_to_target_s: float | None = None
     # bookkeeping
+    startup_s: float | None = None  # trial launch to the child's first line of real work (imports, fork)
     wall_s: float | None = None
     started_at: str = ""
     env: dict[str, Any] = field(default_factory=dict)
@@ -180,17 +184,38 @@ def _finite(value: Any) -> Any:
 
 
 def append_record(path: Path, record: Record) -> None:
-    """Append one record as one line, flushed and fsynced before returning.
+    """Append one record as one line, under an exclusive lock, fsynced before returning.
 
-    A single write() of a line under the pipe-buffer size is not torn by a kill between trials;
-    a kill during the write leaves at most a partial last line, which `read_records` skips.
+    The lock (flock on the file itself) lets several sweeps, `--jobs` workers or executor callbacks
+    share one results file without interleaving their lines. A file left without a final newline (a
+    writer killed mid-line) gets one first, so the torn fragment stays on a line of its own. A write
+    that fails half-way (disk full) is cut back to where it started, so the fragment cannot corrupt
+    the next append; the error still propagates, since the record was not stored.
     """
+    data = (json.dumps(record.to_dict(), allow_nan=False, default=str) + "\n").encode()
     path.parent.mkdir(parents=True, exist_ok=True)
-    line = json.dumps(record.to_dict(), allow_nan=False, default=str) + "\n"
-    with open(path, "a", encoding="utf-8") as handle:
-        handle.write(line)
-        handle.flush()
-        os.fsync(handle.fileno())
+    with open(path, "a+b") as handle:  # read too: the last byte says whether a newline is missing
+        fd = handle.fileno()
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            start = os.lseek(fd, 0, os.SEEK_END)
+            if start and os.pread(fd, 1, start - 1) != b"\n":
+                data = b"\n" + data
+            try:
+                _write_all(fd, data)
+                os.fsync(fd)
+            except OSError:
+                os.ftruncate(fd, start)
+                raise
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """os.write until every byte is out (a single write may be partial on a nearly full disk)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 class ResultsFileError(ValueError):
@@ -198,25 +223,37 @@ class ResultsFileError(ValueError):
 
 
 def read_records(path: Path) -> list[Record]:
-    """Every record in a JSON Lines file; a torn *last* line is skipped with a warning."""
+    """Every record in a JSON Lines file.
+
+    Unreadable lines (a torn write, a line corrupted by hand) are skipped with one warning naming
+    their line numbers, so one bad line never hides the rest of a sweep. A file with no readable
+    record at all is refused: it is not a results file.
+    """
     if not path.is_file():
         raise ResultsFileError(f"no such results file: {path}")
     lines = path.read_text(encoding="utf-8").splitlines()
     records = []
+    bad: list[int] = []
+    first_error = ""
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
             data = json.loads(line)
         except json.JSONDecodeError as exc:
-            if number == len(lines):
-                warnings.warn(f"{path}:{number}: skipping a torn last line (sweep killed mid-write?)",
-                              stacklevel=2)
-                continue
-            raise ResultsFileError(f"{path}:{number}: not a JSON line ({exc.msg})") from exc
+            bad.append(number)
+            first_error = first_error or f"{path}:{number}: not a JSON line ({exc.msg})"
+            continue
         if not isinstance(data, dict) or "trial_id" not in data or "optimizer" not in data:
             raise ResultsFileError(f"{path}:{number}: not an optbench record (no trial_id/optimizer)")
         records.append(Record.from_dict(data))
+    if bad and not records:
+        raise ResultsFileError(first_error)
+    if bad == [len(lines)]:
+        warnings.warn(f"{path}:{len(lines)}: skipping a torn last line (sweep killed mid-write?)", stacklevel=2)
+    elif bad:
+        warnings.warn(f"{path}: skipping {len(bad)} unreadable line(s): {', '.join(map(str, bad))} "
+                      "(torn or corrupted writes)", stacklevel=2)
     return records
 
 
@@ -227,6 +264,22 @@ def completed_trial_ids(path: Path) -> set[str]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return {r.trial_id for r in read_records(path) if r.status == "ok"}
+
+
+def check_writable(path: Path) -> None:
+    """Fail fast (OSError) when records could not be appended to `path`: before any trial runs, not after.
+
+    Creates the folder if missing; opens the file for appending (as the store will) and removes it
+    again if this check created it, so a refused run leaves nothing behind.
+    """
+    if path.exists() and not path.is_file():
+        raise IsADirectoryError(errno.EISDIR, "is a directory, not a results file", str(path))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    existed = path.exists()
+    with open(path, "ab"):
+        pass
+    if not existed:
+        path.unlink()
 
 
 def _version(package: str) -> str | None:

@@ -107,7 +107,7 @@ def test_trial_records_the_peak_split(fidelity_records):
 def test_cli_fidelity_flag_reaches_the_spec(monkeypatch, tmp_path):
     seen = []
 
-    def fake_sweep(specs, out, on_record=None):
+    def fake_sweep(specs, out, on_record=None, **options):
         seen.extend(specs)
         for spec in specs:
             append_record(out, Record(trial_id=spec.trial_id, optimizer=spec.optimizer, status="ok"))

@@ -1,11 +1,18 @@
-"""The JSON Lines store: round trip, torn last line, resume keys, JSON-safety."""
+"""The JSON Lines store: round trip, torn last line, resume keys, JSON-safety (faults: test_faults.py)."""
 
 import json
 import math
 
 import pytest
 
-from optbench.results import Record, ResultsFileError, append_record, completed_trial_ids, read_records
+from optbench.results import (
+    Record,
+    ResultsFileError,
+    append_record,
+    check_writable,
+    completed_trial_ids,
+    read_records,
+)
 
 
 def test_round_trip_keeps_every_field(tmp_path):
@@ -36,11 +43,19 @@ def test_torn_last_line_is_skipped_with_a_warning(tmp_path):
     assert [r.trial_id for r in records] == ["a"]
 
 
-def test_corrupt_line_in_the_middle_is_an_error(tmp_path):
+def test_a_file_of_nothing_but_bad_lines_is_refused(tmp_path):
     path = tmp_path / "r.jsonl"
-    path.write_text('not json\n{"trial_id": "a", "optimizer": "adamw"}\n')
+    path.write_text("not json\n{also not\n")
     with pytest.raises(ResultsFileError, match=":1: not a JSON line"):
         read_records(path)
+
+
+def test_check_writable_creates_the_folder_and_leaves_no_file(tmp_path):
+    path = tmp_path / "a" / "b" / "r.jsonl"
+    check_writable(path)
+    assert path.parent.is_dir() and not path.exists()
+    with pytest.raises(IsADirectoryError):
+        check_writable(tmp_path)
 
 
 def test_a_json_file_that_is_not_records_is_refused(tmp_path):

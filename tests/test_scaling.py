@@ -79,7 +79,7 @@ def test_across_widths_orders_small_first_and_rejects_bad_widths():
 def test_cli_scale_runs_the_widths_and_writes_the_fit(monkeypatch, tmp_path, capsys):
     seen = []
 
-    def fake_sweep(specs, out, on_record=None):
+    def fake_sweep(specs, out, on_record=None, **options):
         # Stand-in for the subprocess trials: AdamW's 8 B/param at each width's parameter count.
         for spec in specs:
             seen.append(spec)

@@ -1,0 +1,87 @@
+"""Bad input across the commands: exit 2, exactly one line on stderr saying what to do, no traceback,
+and no results file started. Runs `main()` in this process (fd-level capture, so library prints count)."""
+
+import shutil
+
+import pytest
+
+from optbench.__main__ import main
+from optbench.results import Record, append_record
+
+
+@pytest.fixture
+def files(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "malformed.jsonl").write_text('{"trial_id": "a", "optimizer": \n[1, 2\n')
+    append_record(tmp_path / "good.jsonl", Record(trial_id="a", optimizer="adamw", status="ok", workload="tiny"))
+    (tmp_path / "empty.csv").write_text("text,label\n")
+    (tmp_path / "one-class.csv").write_text("text,label\n" + "".join(f"review {i},1\n" for i in range(40)))
+    (tmp_path / "not-a-model").mkdir()
+    (tmp_path / "not-a-model" / "notes.txt").write_text("weights live elsewhere")
+    return tmp_path
+
+
+RUN = ["run", "--workload", "tiny", "--steps", "2", "--warmup-steps", "0", "--out", "r.jsonl"]
+
+CASES = [
+    # run: numbers that are zero, negative, not numbers or infinite
+    (RUN + ["--jobs", "0"], "--jobs: must be positive"),
+    (RUN + ["--jobs", "two"], "--jobs: expected a whole number"),
+    (RUN + ["--max-memory", "0GiB"], "--max-memory: the memory size must be positive"),
+    (RUN + ["--max-memory", "12"], "--max-memory: expected a memory size with a unit"),
+    (RUN + ["--timeout", "inf"], "--timeout: must be a positive finite number"),
+    (RUN + ["--timeout", "-5"], "--timeout: must be a positive finite number"),
+    (RUN + ["--lr", "0"], "--lr: must be a positive finite number"),
+    (RUN + ["--eval-size", "-1"], "--eval-size: must be positive"),
+    (RUN + ["--executor", "kubernetes"], "--executor: invalid choice"),
+    (RUN + ["--executor", "slurm"], "are you indeed on a slurm cluster? (use --executor local)"),
+    # run: a model path that is not a model, datasets with no rows or one class, a GPU that is not there
+    (RUN + ["--model", "not-a-model"], "not-a-model"),
+    (RUN + ["--dataset", "empty.csv"], "cannot read dataset file empty.csv"),
+    (RUN + ["--dataset", "one-class.csv"], "has a single class in 'label'"),
+    (RUN + ["--device", "cuda"], "sees no CUDA device (use --device cpu)"),
+    (RUN + ["--device", "tpu"], "unknown device 'tpu'; use auto, cpu, cuda or cuda:N"),
+    # report / compare: malformed JSON where results are read
+    (["report", "malformed.jsonl"], "malformed.jsonl:1: not a JSON line"),
+    (["report", "good.jsonl", "--format", "xml"], "--format: invalid choice"),
+    (["compare", "malformed.jsonl", "good.jsonl"], "malformed.jsonl:1: not a JSON line"),
+    (["compare", "good.jsonl", "good.jsonl", "--max-slowdown", "-5"], "must be a finite number >= 0"),
+    (["compare", "good.jsonl", "good.jsonl", "--max-memory-growth", "inf"], "must be a finite number >= 0"),
+    # estimate
+    (["estimate", "--params", "0"], "the parameter count must be at least 1"),
+    (["estimate", "--params=-7B"], "expected a positive parameter count"),
+    (["estimate", "--params", "7B", "--gpu-memory", "infGiB"], "expected a memory size with a unit"),
+    (["estimate", "--model", "not-a-model"], "cannot read the config of model 'not-a-model'"),
+    # recommend
+    (["recommend", "--params", "7B"], "the following arguments are required: --gpu-memory"),
+    (["recommend", "--params", "7B", "--gpu-memory", "0GiB"], "the memory size must be positive"),
+    (["recommend", "--params", "seven", "--gpu-memory", "24GiB"], "expected a positive parameter count"),
+    (["recommend", "--params", "7B", "--gpu-memory", "24GiB", "--results", "malformed.jsonl"],
+     "malformed.jsonl:1: not a JSON line"),
+    (["recommend", "--model", "not-a-model", "--gpu-memory", "24GiB"], "cannot read the config of model"),
+    (["recommend", "--params", "7B", "--gpu-memory", "24GiB", "--precision", "fp8"], "--precision: invalid choice"),
+]
+
+
+@pytest.mark.parametrize("argv,message", CASES, ids=[" ".join(a[a.index("r.jsonl") + 1:] if "r.jsonl" in a else a)
+                                                      for a, _ in CASES])
+def test_bad_input_is_one_line_exit_2_and_no_results_file(files, capfd, argv, message):
+    if argv[:1] == ["run"] and "--device" in argv and argv[-1] == "cuda":
+        torch = pytest.importorskip("torch")
+        if torch.cuda.is_available():
+            pytest.skip("this machine has a GPU: --device cuda is not bad input here")
+    if "slurm" in argv and shutil.which("srun"):
+        pytest.skip("this machine has slurm: --executor slurm is not bad input here")
+    code = main(argv)
+    err = capfd.readouterr().err
+    lines = err.strip().splitlines()
+    assert code == 2, err
+    assert len(lines) == 1, err
+    assert lines[0].startswith("optbench: error: ") and message in lines[0], lines[0]
+    assert "Traceback" not in err
+    assert not (files / "r.jsonl").exists()
+
+
+def test_the_table_covers_every_command_and_at_least_fifteen_inputs():
+    assert len(CASES) >= 15
+    assert {argv[0] for argv, _ in CASES} == {"run", "report", "compare", "estimate", "recommend"}

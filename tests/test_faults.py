@@ -1,0 +1,251 @@
+"""The fault suite: each test names a fault and what must still hold after it.
+
+Fakes stand in for the trial where the fault is the harness's (kills, concurrent writers, disk full);
+the tiny BERT runs where the fault is the trial's (timeout, out of memory, divergence).
+"""
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from optbench import results
+from optbench.__main__ import main
+from optbench.executors import LocalExecutor
+from optbench.optimizers import OptimizerSpec
+from optbench.plan import TrialSpec
+from optbench.results import Record, append_record, read_records
+from optbench.runner import ResultsWriteError, run_sweep
+
+TINY = dict(workload="tiny", steps=3, warmup_steps=1, batch_size=4, seq_len=16, eval_size=16)
+TINY_RUN = ["--workload", "tiny", "--steps", "3", "--warmup-steps", "1", "--batch-size", "4", "--seq-len", "16",
+            "--eval-size", "16"]
+ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every live process below `pid` (children of children too), from /proc."""
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_sigkill_mid_trial_then_rerun_resumes_without_loss_or_duplicates(tmp_path):
+    out, started = tmp_path / "r.jsonl", tmp_path / "second-started"
+    script = tmp_path / "sweep.py"
+    script.write_text(textwrap.dedent(f"""
+        import time
+        from pathlib import Path
+        from optbench.plan import build_grid
+        from optbench.results import Record
+        from optbench.runner import run_sweep
+
+        def trial(spec):
+            if spec.optimizer == "adafactor" and not Path({str(started)!r}).exists():
+                Path({str(started)!r}).touch()
+                time.sleep(600)  # killed here
+            return Record(trial_id=spec.trial_id, optimizer=spec.optimizer, seed=spec.seed, status="ok")
+
+        if __name__ == "__main__":
+            specs = build_grid(["adamw", "adafactor", "adamw8bit"], [0, 1], workload="tiny")
+            run_sweep(specs, Path({str(out)!r}), run_trial=trial)
+    """))
+    sweep = subprocess.Popen([sys.executable, str(script)], env=ENV, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not started.exists():
+        assert sweep.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    sweep.send_signal(signal.SIGKILL)
+    sweep.wait()
+    assert [r.optimizer for r in read_records(out)] == ["adamw"]  # recorded before the kill
+
+    subprocess.run([sys.executable, str(script)], env=ENV, check=True, capture_output=True, timeout=120)
+    ids = [r.trial_id for r in read_records(out)]
+    assert len(ids) == 6 == len(set(ids))  # every trial once: none lost, none recorded twice
+
+
+def test_sigint_stops_the_running_child_and_says_how_to_resume(tmp_path):
+    out = tmp_path / "r.jsonl"
+    # The sweep gets its own process group and the signal from us: a non-interactive shell would start
+    # it with SIGINT ignored. 100000 steps: the trial is still training when the signal comes.
+    sweep = subprocess.Popen([sys.executable, "-m", "optbench", "run", *TINY_RUN[:2], "--steps", "100000",
+                              "--optimizers", "adamw", "--out", str(out)],
+                             env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                             start_new_session=True)
+    deadline = time.monotonic() + 180
+    trial_pids: set[int] = set()
+    while not trial_pids:  # the trial child leads its own session (setsid)
+        assert sweep.poll() is None and time.monotonic() < deadline, sweep.stderr.read()
+        trial_pids = {pid for pid in _descendants(sweep.pid) if os.getsid(pid) == pid} if _alive(sweep.pid) else set()
+        time.sleep(0.2)
+    os.killpg(sweep.pid, signal.SIGINT)
+    _, stderr = sweep.communicate(timeout=60)
+    assert sweep.returncode == 130
+    assert stderr.strip().splitlines()[-1] == ("optbench: interrupted: 0 trials recorded, rerun the same command "
+                                              "to resume")
+    assert "Traceback" not in stderr
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in trial_pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(pid) for pid in trial_pids), "the trial child outlived the interrupted sweep"
+    assert not out.exists() or read_records(out) == []
+
+
+def test_trial_past_its_timeout_is_a_timeout_record_and_the_sweep_goes_on(tmp_path):
+    out = tmp_path / "r.jsonl"
+    specs = [TrialSpec(optimizer="adamw", timeout_s=0.5, **TINY), TrialSpec(optimizer="adafactor", **TINY)]
+    records = run_sweep(specs, out)
+    assert [r.status for r in records] == ["timeout", "ok"]
+    assert "0.5 s timeout" in records[0].error
+    assert [r.status for r in read_records(out)] == ["timeout", "ok"]
+
+
+def test_out_of_memory_on_cpu_is_an_oom_record_and_the_next_trial_runs(tmp_path):
+    # 64 MiB on top of the loaded libraries cannot hold batch 256 x seq 128 activations.
+    hungry = TrialSpec(optimizer="adamw", max_memory_bytes=64 * 2**20, **{**TINY, "batch_size": 256, "seq_len": 128})
+    assert hungry.trial_id == TrialSpec(optimizer="adamw", **{**TINY, "batch_size": 256, "seq_len": 128}).trial_id
+    records = run_sweep([hungry, TrialSpec(optimizer="adafactor", **TINY)], tmp_path / "r.jsonl")
+    assert [r.status for r in records] == ["oom", "ok"], [r.error for r in records]
+
+
+@pytest.mark.cuda
+def test_out_of_memory_on_cuda_is_an_oom_record_and_the_next_trial_runs(tmp_path):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device: the cap is the allocator's per-process fraction (torch.OutOfMemoryError)")
+    cuda = {**TINY, "device": "cuda", "batch_size": 256, "seq_len": 512}
+    hungry = TrialSpec(optimizer="adamw", max_memory_bytes=16 * 2**20, **cuda)
+    records = run_sweep([hungry, TrialSpec(optimizer="adafactor", **{**TINY, "device": "cuda"})], tmp_path / "r.jsonl")
+    assert [r.status for r in records] == ["oom", "ok"], [r.error for r in records]
+
+
+def test_non_finite_loss_is_diverged_at_that_step(tmp_path):
+    record = LocalExecutor(echo=False).run(TrialSpec(optimizer="adamw", lr=1e30, **{**TINY, "steps": 6}), {})
+    assert record.status == "diverged", record.error
+    assert "at step" in record.error
+
+
+def test_two_writers_appending_at_once_leave_every_line_intact(tmp_path):
+    out = tmp_path / "r.jsonl"
+    writer = textwrap.dedent(f"""
+        import sys
+        from pathlib import Path
+        from optbench.results import Record, append_record
+        for i in range(1500):
+            append_record(Path({str(out)!r}), Record(trial_id=f"{{sys.argv[1]}}-{{i}}", optimizer="adamw",
+                                                      loss_curve=[float(i)] * 2000))  # ~20 KB a line
+    """)
+    writers = [subprocess.Popen([sys.executable, "-c", writer, name], env=ENV) for name in ("a", "b")]
+    assert [w.wait(timeout=300) for w in writers] == [0, 0]
+    lines = out.read_text().splitlines()
+    assert len(lines) == 3000
+    ids = {json.loads(line)["trial_id"] for line in lines}  # every line parses: none torn or interleaved
+    assert ids == {f"{name}-{i}" for name in "ab" for i in range(1500)}
+
+
+def test_corrupt_lines_in_the_middle_are_skipped_with_one_warning_naming_them(tmp_path):
+    out = tmp_path / "r.jsonl"
+    for name in "abc":
+        append_record(out, Record(trial_id=name, optimizer="adamw", status="ok"))
+    lines = out.read_text().splitlines()
+    out.write_text("\n".join([lines[0], "{garbage", lines[1], "\x00\x00", lines[2]]) + "\n")
+    with pytest.warns(UserWarning, match=r"skipping 2 unreadable line\(s\): 2, 4") as caught:
+        records = read_records(out)
+    assert len(caught) == 1 and [r.trial_id for r in records] == ["a", "b", "c"]
+
+
+def test_results_folder_missing_is_created(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "new" / "deeper" / "r.jsonl"
+    assert main(["run", *TINY_RUN, "--optimizers", "adafactor", "--out", str(out)]) == 0
+    assert [r.status for r in read_records(out)] == ["ok"]
+
+
+def _unwritable_dir(tmp_path: Path) -> Path:
+    if os.geteuid() == 0:  # root ignores permission bits; sysfs refuses new files even to root
+        return Path("/sys/fs")
+    folder = tmp_path / "read-only"
+    folder.mkdir()
+    folder.chmod(0o500)
+    return folder
+
+
+@pytest.mark.parametrize("where", ["read-only", "directory"])
+def test_unwritable_out_is_one_line_before_any_trial(tmp_path, monkeypatch, capsys, where):
+    monkeypatch.chdir(tmp_path)
+    out = _unwritable_dir(tmp_path) / "r.jsonl" if where == "read-only" else tmp_path
+    ran = []
+    monkeypatch.setattr("optbench.runner.run_sweep", lambda *a, **k: ran.append(a))
+    assert main(["run", *TINY_RUN, "--out", str(out)]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"optbench: error: cannot write results to {out}"), lines
+    assert ran == []
+
+
+def test_missing_optional_library_is_a_skipped_record_with_the_reason(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    real = OptimizerSpec.unavailable_reason
+
+    def no_bitsandbytes(self):
+        return "needs `pip install bitsandbytes`" if self.library.startswith("bitsandbytes") else real(self)
+
+    monkeypatch.setattr(OptimizerSpec, "unavailable_reason", no_bitsandbytes)
+    out = tmp_path / "r.jsonl"
+    assert main(["run", *TINY_RUN, "--optimizers", "adamw8bit,adafactor", "--out", str(out)]) == 0
+    by_name = {r.optimizer: r for r in read_records(out)}
+    assert by_name["adamw8bit"].status == "skipped" and "pip install bitsandbytes" in by_name["adamw8bit"].error
+    assert by_name["adafactor"].status == "ok"
+
+
+def test_write_failing_half_way_leaves_earlier_lines_and_no_torn_fragment(tmp_path, monkeypatch):
+    out = tmp_path / "r.jsonl"
+    append_record(out, Record(trial_id="a", optimizer="adamw", status="ok"))
+    before = out.read_bytes()
+    real_write_all = results._write_all
+
+    def disk_full(fd, data):
+        os.write(fd, data[: len(data) // 2])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(results, "_write_all", disk_full)
+    with pytest.raises(ResultsWriteError, match="No space left on device; 0 trials recorded"):
+        run_sweep([TrialSpec(optimizer="adamw", **TINY)], out,
+                  run_trial=lambda spec: Record(trial_id=spec.trial_id, optimizer="adamw", status="ok"))
+    assert out.read_bytes() == before  # the half-written line was cut back off
+
+    monkeypatch.setattr(results, "_write_all", real_write_all)
+    append_record(out, Record(trial_id="b", optimizer="adamw", status="ok"))
+    assert [r.trial_id for r in read_records(out)] == ["a", "b"]  # no warning: nothing torn in between
+
+
+def test_a_writer_killed_mid_line_does_not_corrupt_the_next_append(tmp_path):
+    out = tmp_path / "r.jsonl"
+    out.write_text('{"trial_id": "a", "optim')  # torn, no newline
+    append_record(out, Record(trial_id="b", optimizer="adamw", status="ok"))
+    with pytest.warns(UserWarning, match="unreadable line"):
+        assert [r.trial_id for r in read_records(out)] == ["b"]

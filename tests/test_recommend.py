@@ -1,0 +1,81 @@
+"""recommend: what fits a budget (estimate.py's counts + measured activations), Pareto front first."""
+
+from pathlib import Path
+
+import pytest
+
+from optbench import estimate as est
+from optbench.__main__ import main
+from optbench.recommend import recommend, render
+from optbench.results import Record
+
+MIB = 2**20
+SIZE = est.size_from_count(10_000_000)
+REFERENCE_RESULTS = Path(__file__).resolve().parents[1] / "results" / "cpu-2core" / "default.jsonl"
+
+
+def _records(rows):
+    return [Record(trial_id=f"{name}-{seed}", optimizer=name, seed=seed, status="ok", eval_accuracy=accuracy,
+                   other_peak_bytes=activation, state_bytes_per_param=per_param)
+            for name, accuracy, activation, per_param in rows for seed in (0, 1)]
+
+
+RECORDS = _records([("adamw", 0.93, 100 * MIB, 8.0), ("adafactor", 0.90, 50 * MIB, 0.02),
+                    ("adamw8bit", 0.92, 300 * MIB, 2.04)])
+
+
+def test_state_comes_from_estimate_and_activations_from_the_results():
+    rows = {r.estimate.optimizer: r for r in recommend(SIZE, 10 * 2**30, RECORDS)}
+    expected = {e.optimizer: e for e in est.estimate(SIZE, est.measured_bytes_per_param(RECORDS))}
+    assert rows["adamw"].estimate == expected["adamw"]
+    assert rows["adamw"].activation_bytes == 100 * MIB
+    assert rows["adamw"].total_bytes == expected["adamw"].per_gpu_bytes() + 100 * MIB
+    # an optimizer the results lack is charged the largest measured overhead
+    unmeasured = [r for name, r in rows.items() if name not in ("adamw", "adafactor", "adamw8bit")]
+    assert all(r.activation_bytes == 300 * MIB and r.accuracy is None for r in unmeasured)
+
+
+def test_pareto_front_of_what_fits_comes_first():
+    rows = recommend(SIZE, 10 * 2**30, RECORDS)
+    names = [r.estimate.optimizer for r in rows]
+    assert names[:2] == ["adafactor", "adamw"]  # less memory / higher accuracy: neither dominates
+    assert rows[0].pareto and rows[1].pareto
+    dominated = next(r for r in rows if r.estimate.optimizer == "adamw8bit")
+    assert dominated.fits and not dominated.pareto  # more memory than adamw and lower accuracy
+    text = render(rows, SIZE, 10 * 2**30, "fp32", "r.jsonl")
+    assert "start with adafactor, adamw" in text
+    assert "adamw needs no more memory and scores at least as well" in text
+
+
+def test_a_budget_between_the_options_keeps_only_what_fits():
+    adamw = next(r for r in recommend(SIZE, 10 * 2**30, RECORDS) if r.estimate.optimizer == "adamw")
+    rows = recommend(SIZE, adamw.total_bytes - 1, RECORDS)
+    by_name = {r.estimate.optimizer: r for r in rows}
+    assert not by_name["adamw"].fits and by_name["adafactor"].fits and by_name["adafactor"].pareto
+    assert [r.fits for r in rows] == sorted([r.fits for r in rows], reverse=True)  # misfits last
+    assert "does not fit" in render(rows, SIZE, adamw.total_bytes - 1, "fp32", None)
+
+
+def test_bf16_halves_weights_grads_and_full_precision_state_only():
+    fp32 = {r.estimate.optimizer: r.estimate for r in recommend(SIZE, 2**30)}
+    bf16 = {r.estimate.optimizer: r.estimate for r in recommend(SIZE, 2**30, precision="bf16")}
+    assert bf16["adamw"].weights_bytes * 2 == fp32["adamw"].weights_bytes
+    assert bf16["adamw"].state_bytes * 2 == fp32["adamw"].state_bytes
+    assert bf16["adamw8bit"].state_bytes == fp32["adamw8bit"].state_bytes
+
+
+def test_nothing_fits_is_a_clear_answer_and_exit_1(capsys):
+    assert main(["recommend", "--params", "7B", "--gpu-memory", "1GiB"]) == 1
+    out = capsys.readouterr().out
+    assert "nothing fits in 1.00 GiB: the smallest, adafactor, needs" in out
+    assert "try --precision bf16" in out
+
+
+@pytest.mark.skipif(not REFERENCE_RESULTS.is_file(), reason="reference results not in this checkout")
+@pytest.mark.parametrize("budget", ["1GiB", "24GiB"])
+def test_recommend_on_the_reference_results(capsys, budget):
+    assert main(["recommend", "--params", "22714371", "--gpu-memory", budget, "--results",
+                 str(REFERENCE_RESULTS)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[3].startswith("fits: ")
+    assert sum("Pareto front" in line for line in lines) >= 1
