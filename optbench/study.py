@@ -171,7 +171,10 @@ def run_study(names: Sequence[str], settings: dict[str, Any], *, lr_points: int,
     grids = {name: (grids or {}).get(name) or lr_grid(name, lr_points) for name in names}
     tuning = tune_specs(names, grids, settings, tune_steps, tune_warmup_steps)
     progress = Progress(len(tuning) + len(names) * len(seeds), show)
-    kwargs = {"on_record": progress} if run_trial is None else {"on_record": progress, "run_trial": run_trial}
+    # The study prints its own progress lines (stage, lr, metric), so the runner's are turned off.
+    kwargs: dict[str, Any] = {"on_record": progress, "progress": None}
+    if run_trial is not None:
+        kwargs["run_trial"] = run_trial
     run_sweep(tuning, out, **kwargs)
     records = read_records(out) if out.is_file() else []
     ids = {spec.trial_id: spec for spec in tuning}

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import resource
 import sys
 import time
 from dataclasses import dataclass, field
@@ -269,11 +268,13 @@ def _train_and_measure(spec: TrialSpec, record: Record) -> None:
 def apply_process_settings(spec: TrialSpec) -> None:
     """Settings of the trial's own process: a CPU thread share (--jobs) and an address-space cap
     (--max-memory, so a trial that would exhaust the machine fails with an `oom` record instead)."""
+    from optbench.child import cap_memory
+
     threads = os.environ.get(THREADS_ENV)
     if threads:
         torch.set_num_threads(int(threads))
     if spec.max_memory_bytes:
-        resource.setrlimit(resource.RLIMIT_AS, (spec.max_memory_bytes, spec.max_memory_bytes))
+        cap_memory(resolve_device(spec.device), spec.max_memory_bytes)
 
 
 def main(argv: list[str]) -> int:
