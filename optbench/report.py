@@ -57,8 +57,14 @@ def job_label(row: pd.Series) -> str:
     scratch = ", trained from scratch" if row.get("pretrained") is False else ""
     precision = row.get("precision")
     weights = f", {precision} weights" if isinstance(precision, str) and precision != "fp32" else ""
+    # Another loop or a sharded run is another job: its timings and per-rank memory are not comparable.
+    engine = row.get("engine")
+    loop = f", {engine} engine" if isinstance(engine, str) and engine != "native" else ""
+    parallel = row.get("parallel")
+    sharding = (f", {parallel} x{int(row.get('world_size') or 1)}"
+                if isinstance(parallel, str) and parallel != "none" else "")
     return (f"{row['model']} on {row['dataset']}{scratch}, {row['device']}, {row['steps']} steps x batch "
-            f"{row['batch_size']} x seq {row['seq_len']}{weights}{fidelity}")
+            f"{row['batch_size']} x seq {row['seq_len']}{weights}{loop}{sharding}{fidelity}")
 
 
 def tune_key(row: pd.Series) -> tuple:
