@@ -1,6 +1,7 @@
 """OptbenchCallback on a plain Trainer run: the README's example, run as written on the tiny BERT."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -61,3 +62,8 @@ def test_records_accumulate_across_runs(user_run):
     trainer, path = user_run
     trainer.train()
     assert len(read_records(path)) == 2
+
+
+def test_readme_holds_the_example_as_tested():
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert README_EXAMPLE.strip() in readme
