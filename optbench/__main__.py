@@ -214,6 +214,8 @@ def build_parser() -> argparse.ArgumentParser:
     estimate.add_argument("--gpus", type=_positive_int, default=1,
                           help="data-parallel GPUs; >1 adds ZeRO-1/2/3 columns (state / + grads / + weights sharded)")
     estimate.add_argument("--gpu-memory", type=_memory_size, help="memory per GPU, e.g. 80GiB, 24GB: says what fits")
+    estimate.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                          help="training precision: bf16 means 2-byte weights and grads (autocast keeps fp32 ones)")
 
     recommend = commands.add_parser("recommend", help="which optimizers fit a memory budget, best trade-offs first")
     size = recommend.add_mutually_exclusive_group(required=True)
@@ -574,7 +576,7 @@ def _estimate(args: argparse.Namespace) -> int:
     except estimate.EstimateError as exc:
         raise UsageError(str(exc)) from None
     measured = estimate.measured_bytes_per_param(_load_records([args.results])) if args.results else None
-    print(estimate.render(estimate.estimate(size, measured), size, args.gpus, args.gpu_memory))
+    print(estimate.render(estimate.estimate(size, measured, args.precision), size, args.gpus, args.gpu_memory))
     return 0
 
 

@@ -4,7 +4,8 @@ It answers "will this model fit, and with which optimizer?" from a parameter cou
 config alone (built on the meta device, so no weights are downloaded or allocated). State bytes come,
 best first, from measured records (`--results`), from each registry entry's exact analytic count over
 the model's parameter shapes, or from the entry's nominal bytes/param for a large dense matrix when only
-a count is known. Training is assumed fp32 (4 B weights, 4 B grads), as optbench's trials run it.
+a count is known. Weights and grads are fp32 (4 B each) unless `--precision bf16` (2 B each, state
+counted in the dtypes each library keeps for bf16 parameters).
 Activations, temporaries and the CUDA context are not counted: the numbers are a floor, not a peak.
 
 Sizes print in MiB and GiB (2^20 and 2^30 bytes): the usual "65.8 M params x 8 B = 502 MB of AdamW
@@ -19,6 +20,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from optbench.optimizers import FP32_BYTES, REGISTRY, Shape, UnknownOptimizerError, resolve
+from optbench.optimizers.base import NOMINAL_SHAPE, Param
 
 MIB = 2**20
 GIB = 2**30
@@ -155,19 +157,31 @@ class Estimate:
         return part(self.weights_bytes, 3) + part(self.grads_bytes, 2) + part(self.state_bytes, 1)
 
 
-def estimate(size: ModelSize, measured: dict[str, float] | None = None) -> list[Estimate]:
-    """One estimate per registered optimizer, in registry order."""
+def param_bytes(precision: str) -> int:
+    """Bytes per weight (and per gradient): 2 with bf16 weights, else 4 (autocast keeps fp32 masters)."""
+    return 2 if precision == "bf16" else FP32_BYTES
+
+
+def estimate(size: ModelSize, measured: dict[str, float] | None = None, precision: str = "fp32") -> list[Estimate]:
+    """One estimate per registered optimizer, in registry order, for weights in `precision`.
+
+    With bf16 weights the analytic count follows each library's rule for the state dtype (torch keeps
+    moments in the parameter's dtype, bitsandbytes and Adafactor keep fp32), so it stays exact."""
+    itemsize = param_bytes(precision)
+    shapes = size.shapes if size.shapes is not None else (NOMINAL_SHAPE,)
+    params = [Param(shape=tuple(s), itemsize=itemsize) for s in shapes]
     rows = []
     for spec in REGISTRY.values():
+        analytic = spec.count(params, **spec.settings({})).state_bytes
         if measured and spec.name in measured:
             basis, state = "measured", round(measured[spec.name] * size.num_params)
         elif size.shapes is not None:
-            basis, state = "analytic", spec.analytic_state_bytes(list(size.shapes))
+            basis, state = "analytic", analytic
         else:
-            basis, state = "nominal", round(spec.nominal_bytes_per_param * size.num_params)
+            basis, state = "nominal", round(analytic / math.prod(NOMINAL_SHAPE) * size.num_params)
         rows.append(Estimate(optimizer=spec.name, precision=spec.precision, basis=basis,
                              num_params=size.num_params, state_bytes=state,
-                             weights_bytes=FP32_BYTES * size.num_params, grads_bytes=FP32_BYTES * size.num_params))
+                             weights_bytes=itemsize * size.num_params, grads_bytes=itemsize * size.num_params))
     return rows
 
 
@@ -208,8 +222,9 @@ def render(estimates: Sequence[Estimate], size: ModelSize, gpus: int = 1, gpu_me
             row += [_fits(e.per_gpu_bytes(gpus, stage), gpu_memory_bytes) for stage in stages]
         rows.append(row)
     weights = estimates[0].weights_bytes
-    notes = [f"{size.num_params:,} trainable parameters ({size.source}); fp32 weights {weights / MIB:,.1f} MiB "
-             f"+ fp32 grads {weights / MIB:,.1f} MiB",
+    dtype = "bf16" if weights == 2 * size.num_params else "fp32"
+    notes = [f"{size.num_params:,} trainable parameters ({size.source}); {dtype} weights {weights / MIB:,.1f} MiB "
+             f"+ {dtype} grads {weights / MIB:,.1f} MiB",
              "per GPU = weights + grads + optimizer state; activations, temporaries and the CUDA context come on top",
              "MiB = 2^20 bytes, GiB = 2^30 bytes; from: measured (--results), analytic (exact, from the parameter "
              "shapes) or nominal (a large dense matrix)"]

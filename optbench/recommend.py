@@ -17,10 +17,6 @@ from dataclasses import dataclass
 from optbench import estimate as est
 from optbench.optimizers import REGISTRY, UnknownOptimizerError, resolve
 
-# Pure bf16 training keeps weights and grads in 2 bytes, and torch optimizers keep their state in the
-# parameter's dtype, so full-precision and factored state halve too; quantised (8-bit) state does not.
-HALVED_STATE_PRECISIONS = ("fp32", "factored")
-
 
 @dataclass(frozen=True)
 class Recommendation:
@@ -34,15 +30,6 @@ class Recommendation:
     @property
     def total_bytes(self) -> int:
         return self.estimate.per_gpu_bytes() + (self.activation_bytes or 0)
-
-
-def at_precision(estimate: est.Estimate, precision: str) -> est.Estimate:
-    """The fp32 estimate re-counted for `precision` (autocast keeps fp32 weights, grads and state)."""
-    if precision != "bf16":
-        return estimate
-    state = estimate.state_bytes // 2 if estimate.precision in HALVED_STATE_PRECISIONS else estimate.state_bytes
-    return dataclasses.replace(estimate, state_bytes=state, weights_bytes=estimate.weights_bytes // 2,
-                               grads_bytes=estimate.grads_bytes // 2)
 
 
 def _per_optimizer(records: Sequence, field: str) -> dict[str, float]:
@@ -69,10 +56,10 @@ def recommend(size: est.ModelSize, budget_bytes: int, records: Sequence = (),
     # An optimizer the results lack gets the largest overhead they measured: a fit should not be a guess.
     fallback_activation = max(activations.values()) if activations else None
     rows = []
-    for estimate in est.estimate(size, measured_state):
+    for estimate in est.estimate(size, measured_state, precision):
         activation = activations.get(estimate.optimizer, fallback_activation)
         rows.append(Recommendation(
-            estimate=at_precision(estimate, precision),
+            estimate=estimate,
             activation_bytes=None if activation is None else round(activation),
             accuracy=accuracies.get(estimate.optimizer), fits=False, pareto=False,
             unavailable=REGISTRY[estimate.optimizer].unavailable_reason()))

@@ -134,3 +134,14 @@ def test_bad_input_is_one_line_and_exit_2(capsys, args, message):
     code, out, err = run(capsys, *args)
     assert code == 2 and out == ""
     assert len(err.strip().splitlines()) == 1 and message in err, err
+
+
+def test_bf16_weights_halve_weights_grads_and_torch_state_but_not_8bit_state():
+    size = est.size_from_count(COURSE_PARAMS)
+    fp32 = {e.optimizer: e for e in est.estimate(size)}
+    bf16 = {e.optimizer: e for e in est.estimate(size, precision="bf16")}
+    assert bf16["adamw"].weights_bytes == bf16["adamw"].grads_bytes == 2 * COURSE_PARAMS
+    # torch keeps moments in the param dtype (its per-tensor fp32 `step` stays 4 bytes)
+    assert bf16["adamw"].state_bytes == pytest.approx(fp32["adamw"].state_bytes / 2, rel=1e-5)
+    assert bf16["adamw8bit"].state_bytes == fp32["adamw8bit"].state_bytes  # uint8 moments + fp32 absmax either way
+    assert bf16["adafactor"].state_bytes == fp32["adafactor"].state_bytes  # HF Adafactor keeps fp32 statistics

@@ -60,14 +60,15 @@ def test_bf16_halves_weights_grads_and_full_precision_state_only():
     fp32 = {r.estimate.optimizer: r.estimate for r in recommend(SIZE, 2**30)}
     bf16 = {r.estimate.optimizer: r.estimate for r in recommend(SIZE, 2**30, precision="bf16")}
     assert bf16["adamw"].weights_bytes * 2 == fp32["adamw"].weights_bytes
-    assert bf16["adamw"].state_bytes * 2 == fp32["adamw"].state_bytes
+    # bf16 moments; each tensor's fp32 `step` stays 4 bytes, so the halving is not exact
+    assert bf16["adamw"].state_bytes * 2 == pytest.approx(fp32["adamw"].state_bytes, rel=1e-5)
     assert bf16["adamw8bit"].state_bytes == fp32["adamw8bit"].state_bytes
 
 
 def test_nothing_fits_is_a_clear_answer_and_exit_1(capsys):
     assert main(["recommend", "--params", "7B", "--gpu-memory", "1GiB"]) == 1
     out = capsys.readouterr().out
-    assert "nothing fits in 1.00 GiB: the smallest, adafactor, needs" in out
+    assert "nothing fits in 1.00 GiB: the smallest, adafactor" in out  # HF's or torch's: both factored
     assert "try --precision bf16" in out
 
 
