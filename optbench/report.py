@@ -35,7 +35,10 @@ METRICS: list[tuple[str, str, int]] = [
     ("held MiB", "held_mib", 0),
     ("step ms", "step_ms", 1),
     ("opt step ms", "opt_step_ms", 1),
+    ("first step s", "first_step_s", 2),  # state creation (and compilation), kept out of the medians
     ("samples/s", "samples_per_s", 1),
+    ("fp32 state %", "fp32_state_pct", 2),  # parameters whose state stays full precision
+    ("roofline %", "roofline_pct", 1),  # optimizer step's memory traffic / time, as a share of copy bandwidth
     ("eval {metric}", "eval_target", 4),  # the job's target metric (accuracy, perplexity, ...)
     ("steps to target", "steps_to_target_derived", 0),
     ("time to target s", "time_to_target_derived_s", 1),
@@ -96,6 +99,9 @@ def trials_frame(records: Iterable[Record]) -> pd.DataFrame:
     frame["held_mib"] = frame["rss_growth_after_step_bytes"].where(~on_cuda) / MIB
     frame["step_ms"] = frame["step_time_median_s"] * 1e3
     frame["opt_step_ms"] = frame["optimizer_step_median_s"] * 1e3
+    frame["fp32_state_pct"] = 100 * _numeric(frame, "fp32_state_fraction")
+    frame["roofline_pct"] = 100 * _numeric(frame, "roofline_fraction")
+    frame["first_step_s"] = _numeric(frame, "first_step_s")
     _add_memory_parts(frame)
     for name in ("update_cosine_median", "update_rel_error_median"):
         frame[name] = _numeric(frame, name)
@@ -344,8 +350,10 @@ def display_tables(summary: pd.DataFrame) -> list[tuple[str, pd.DataFrame, list[
             RELATIVE[1]: [_cell(r, RELATIVE[1], 2) for _, r in group.iterrows()],
             RELATIVE[2]: [_cell(r, RELATIVE[2], 1) for _, r in group.iterrows()],
         })
-        optional = ("steps to target", "time to target s", f"{metric} Δ vs adamw (95% CI)")  # study-only
-        empty = [c for c in optional if (table[c].astype(str) == "").all()]
+        # A column no row of this job fills (F1 for a language model, fidelity without --fidelity, the
+        # study's columns after a plain run) is left out rather than shown blank.
+        always = ("optimizer", "weights", "state precision", "status")
+        empty = [c for c in table.columns if c not in always and (table[c].astype(str) == "").all()]
         table = table.drop(columns=empty)
         errors = [f"{r.optimizer} ({r.status}): {r.error}" for r in group.itertuples()
                   if r.status != "ok" and r.error]
