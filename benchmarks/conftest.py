@@ -26,8 +26,6 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 PRESET_ENV = "OPTBENCH_PRESET"
-# Versions that decide what a benchmark number means; compared runs with different values get a warning.
-_MACHINE_KEYS = ("gpu", "cuda", "torch", "transformers", "datasets", "bitsandbytes", "torchao", "torch_threads")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -52,10 +50,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: dict) -> None:
-    from optbench.results import environment
+    from optbench.results import MACHINE_KEYS, environment
 
     env = environment()
-    machine_info.update({key: env.get(key) for key in _MACHINE_KEYS})
+    machine_info.update({key: env.get(key) for key in MACHINE_KEYS})
     machine_info["optbench_preset"] = _preset_name(config)
 
 

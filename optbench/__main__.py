@@ -447,7 +447,8 @@ def _summary_line(record) -> str:
     head = f"{record.optimizer:<12} seed={record.seed} {record.status:<8}"
     if record.status != "ok":
         return f"{head} {record.error or ''}"
-    mib = 2**20
+    from optbench.results import MIB as mib
+
     memory = (f"peak CUDA {record.peak_cuda_allocated_bytes / mib:,.0f} MiB"
               if record.peak_cuda_allocated_bytes is not None
               else f"peak RSS {record.peak_rss_bytes / mib:,.0f} MiB (+{record.peak_rss_growth_bytes / mib:,.0f})")

@@ -21,7 +21,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from optbench.results import Record
+from optbench.results import MACHINE_KEYS, Record
 
 # kind -> the Record fields its stats median, IQR and raw rounds fill (None: the Record already holds them)
 TIMED_FIELDS: dict[str, tuple[str, str, str] | None] = {
@@ -30,7 +30,6 @@ TIMED_FIELDS: dict[str, tuple[str, str, str] | None] = {
     "optimizer_step": ("optimizer_step_median_s", "optimizer_step_iqr_s", "optimizer_step_samples_s"),
 }
 # machine_info keys (set by benchmarks/conftest.py) copied into Record.env
-_ENV_KEYS = ("gpu", "cuda", "torch", "transformers", "datasets", "bitsandbytes", "torchao", "torch_threads")
 
 
 class BenchmarkJsonError(ValueError):
@@ -114,7 +113,7 @@ def _environment(data: dict[str, Any]) -> dict[str, Any]:
     machine = data.get("machine_info") if isinstance(data.get("machine_info"), dict) else {}
     commit = data.get("commit_info") if isinstance(data.get("commit_info"), dict) else {}
     cpu = machine.get("cpu") if isinstance(machine.get("cpu"), dict) else {}
-    env = {key: machine.get(key) for key in _ENV_KEYS}
+    env = {key: machine.get(key) for key in MACHINE_KEYS}
     env.update(python=machine.get("python_version"), cpu=cpu.get("brand_raw"), cpu_count=cpu.get("count"),
                git_commit=commit.get("id"),
                source="pytest-benchmark")

@@ -36,7 +36,7 @@ import numpy as np
 import pandas as pd
 
 from optbench.report import summarize, trials_frame
-from optbench.results import Record
+from optbench.results import MACHINE_KEYS, Record
 
 
 @dataclass(frozen=True)
@@ -62,9 +62,7 @@ BOOTSTRAP_RESAMPLES = 2000  # the CI bounds move by < 0.5 % between rng seeds at
 BOOTSTRAP_SEED = 0
 MIN_SAMPLES = 3  # per run; fewer and a bootstrap only re-draws the same one or two numbers
 # Environment keys that change what a number means: (where, key). "record" is a Record field, "env" its stamp.
-ENV_KEYS = (("record", "device_name"), ("env", "cpu"), ("env", "gpu"), ("env", "torch"), ("env", "cuda"),
-            ("env", "transformers"), ("env", "bitsandbytes"), ("env", "torchao"), ("env", "torch_threads"),
-            ("env", "cpu_count"))
+ENV_KEYS = (("record", "device_name"), ("env", "cpu"), ("env", "cpu_count"), *(("env", key) for key in MACHINE_KEYS))
 
 
 class CompareError(ValueError):

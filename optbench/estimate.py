@@ -21,10 +21,8 @@ from dataclasses import dataclass
 
 from optbench.optimizers import FP32_BYTES, REGISTRY, Shape, UnknownOptimizerError, resolve
 from optbench.optimizers.base import NOMINAL_SHAPE, Param
+from optbench.results import GIB, MIB, REFERENCE_OPTIMIZER
 
-MIB = 2**20
-GIB = 2**30
-REFERENCE = "adamw"
 ZERO_STAGES = (1, 2, 3)  # what each GPU stops holding in full: 1 state, 2 + grads, 3 + weights
 _COUNT_SUFFIXES = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
 _BYTE_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -203,7 +201,7 @@ def render(estimates: Sequence[Estimate], size: ModelSize, gpus: int = 1, gpu_me
     """A header saying what is counted, then one table row per optimizer (github-flavoured markdown)."""
     from tabulate import tabulate
 
-    reference = next((e.state_bytes for e in estimates if e.optimizer == REFERENCE), None)
+    reference = next((e.state_bytes for e in estimates if e.optimizer == REFERENCE_OPTIMIZER), None)
     headers = ["optimizer", "precision", "state B/param", "from", "state MiB", "state GiB",
                "% of adamw state", "weights+grads+state GiB/GPU"]
     stages = ZERO_STAGES if gpus > 1 else ()

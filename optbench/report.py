@@ -21,10 +21,7 @@ from pathlib import Path
 import pandas as pd
 
 from optbench import stats
-from optbench.results import Record, split_peak_memory
-
-MIB = 2**20
-REFERENCE = "adamw"
+from optbench.results import MIB, REFERENCE_OPTIMIZER, Record, split_peak_memory
 
 # (column in the table, how to get it from the per-trial frame, decimals)
 METRICS: list[tuple[str, str, int]] = [
@@ -209,7 +206,7 @@ def summarize(frame: pd.DataFrame) -> pd.DataFrame:
     _add_paired(frame, summary)
     _add_tuning(tune, frame, summary)
     for job in summary["job"].unique():
-        ref = summary[(summary["job"] == job) & (summary["optimizer"] == REFERENCE)
+        ref = summary[(summary["job"] == job) & (summary["optimizer"] == REFERENCE_OPTIMIZER)
                       & (summary["status"] == "ok")]
         mask = (summary["job"] == job) & (summary["status"] == "ok")
         if ref.empty:
@@ -225,7 +222,7 @@ def _add_paired(frame: pd.DataFrame, summary: pd.DataFrame) -> None:
     """Headline metric minus AdamW's over the seeds both ran, with its interval and verdict."""
     ok = frame[frame["status"] == "ok"]
     for index, row in summary.iterrows():
-        if row["status"] != "ok" or row["optimizer"] == REFERENCE:
+        if row["status"] != "ok" or row["optimizer"] == REFERENCE_OPTIMIZER:
             continue
         job = ok[ok["job"] == row["job"]]
 
@@ -233,7 +230,7 @@ def _add_paired(frame: pd.DataFrame, summary: pd.DataFrame) -> None:
             rows = job[(job["optimizer"] == name) & job["eval_target"].notna()]
             return dict(zip(rows["seed"].astype(int), rows["eval_target"].astype(float), strict=True))
 
-        paired = stats.paired_difference(per_seed(row["optimizer"]), per_seed(REFERENCE), row["target_mode"])
+        paired = stats.paired_difference(per_seed(row["optimizer"]), per_seed(REFERENCE_OPTIMIZER), row["target_mode"])
         if paired is not None:
             summary.loc[index, "delta_vs_adamw"] = paired.difference.mean
             summary.loc[index, "delta_vs_adamw_ci"] = paired.difference.half_width

@@ -25,6 +25,12 @@ from pathlib import Path
 from typing import Any
 
 SCHEMA_VERSION = 1
+MIB = 2**20
+GIB = 2**30
+REFERENCE_OPTIMIZER = "adamw"  # what every table, paired difference and "% of" column compares against
+# Environment-stamp keys that change what a number means: the benchmarks add them to pytest-benchmark's
+# machine_info (which has the CPU already), and `compare` warns when two runs differ in any of them.
+MACHINE_KEYS = ("gpu", "cuda", "torch", "transformers", "datasets", "bitsandbytes", "torchao", "torch_threads")
 STATUSES = ("ok", "oom", "diverged", "error", "timeout", "skipped")
 
 

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from optbench.engines import EngineResult
+from optbench.results import MIB
 
 if TYPE_CHECKING:
     from optbench.plan import TrialSpec
@@ -232,7 +233,7 @@ def per_rank_markdown(records: list[Record]) -> str:
     weights + grads + state next to a ddp rank's of the same optimizer (the figure sharding is for)."""
     from tabulate import tabulate
 
-    mib = 2**20
+
     ddp_held = {r.optimizer: _held_bytes(r.per_rank[0]) for r in records
                 if r.parallel == "ddp" and r.status == "ok" and r.per_rank}
     headers = ["optimizer", "parallel", "rank", "status", "weights MiB", "grads MiB", "state MiB",
@@ -246,9 +247,9 @@ def per_rank_markdown(records: list[Record]) -> str:
             held = _held_bytes(rank)
             reference = ddp_held.get(record.optimizer)
             rows.append([record.optimizer, f"{record.parallel} x{record.world_size}", rank["rank"], rank["status"],
-                         *(_fmt(rank.get(key), mib, 2) for key in ("weights_bytes", "grads_bytes", "state_bytes")),
-                         _fmt(held, mib, 2), f"{100 * held / reference:.1f}" if held and reference else "",
-                         _fmt(rank.get("peak_rss_growth_bytes"), mib, 0), _fmt(rank.get("step_time_median_s"), 1e-3, 0),
+                         *(_fmt(rank.get(key), MIB, 2) for key in ("weights_bytes", "grads_bytes", "state_bytes")),
+                         _fmt(held, MIB, 2), f"{100 * held / reference:.1f}" if held and reference else "",
+                         _fmt(rank.get("peak_rss_growth_bytes"), MIB, 0), _fmt(rank.get("step_time_median_s"), 1e-3, 0),
                          _fmt(rank.get("eval_accuracy"), 1, 3)])
         if record.status != "ok":
             notes.append(f"- {record.optimizer} under {record.parallel}: {record.status}: {record.error}")
