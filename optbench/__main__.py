@@ -172,11 +172,12 @@ def build_parser() -> argparse.ArgumentParser:
     compare = commands.add_parser("compare", help="BASE vs NEW per optimizer and job; exit 1 on a regression")
     for name in ("base", "new"):
         compare.add_argument(name, type=Path, help="results .jsonl, pytest-benchmark .json, or a folder of .json")
-    compare.add_argument("--max-slowdown", type=_non_negative_float, default=10.0, metavar="PCT",
-                         help="step or optimizer-step time growth allowed, in %% (default 10%%)")
-    compare.add_argument("--max-memory-growth", type=_non_negative_float, default=5.0, metavar="PCT",
-                         help="peak-memory or state growth allowed, in %% (default 5%%)")
-    compare.add_argument("--max-accuracy-drop", type=_non_negative_float, default=1.0, metavar="PTS",
+    compare.add_argument("--max-slowdown", type=_non_negative_float, metavar="PCT",
+                         help="step or optimizer-step time growth allowed, in %% (default: the device's calibrated "
+                              "value, 50%% on CPU, 5%% on CUDA; docs/benchmarks.md)")
+    compare.add_argument("--max-memory-growth", type=_non_negative_float, metavar="PCT",
+                         help="peak-memory or state growth allowed, in %% (default: calibrated, 5%% CPU, 2%% CUDA)")
+    compare.add_argument("--max-accuracy-drop", type=_non_negative_float, metavar="PTS",
                          help="eval-accuracy drop allowed, in percentage points (default 1.0)")
     compare.add_argument("--strict-env", action="store_true",
                          help="refuse (exit 2) runs whose environments differ (machine, versions, threads) "
@@ -515,7 +516,10 @@ def _compare(args: argparse.Namespace) -> int:
         runs[role] = _load_records([path])
         if not runs[role]:
             raise UsageError(f"no records in {role} {path}")
-    limits = compare.Thresholds(args.max_slowdown, args.max_memory_growth, args.max_accuracy_drop)
+    calibrated = compare.calibrated_thresholds(runs["BASE"], runs["NEW"])
+    limits = dataclasses.replace(calibrated, **{name: value for name, value in (
+        ("max_slowdown_pct", args.max_slowdown), ("max_memory_growth_pct", args.max_memory_growth),
+        ("max_accuracy_drop_pts", args.max_accuracy_drop)) if value is not None})
     try:
         comparison = compare.compare(runs["BASE"], runs["NEW"], limits)
     except compare.CompareError as exc:

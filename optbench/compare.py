@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -77,6 +77,18 @@ class Thresholds:
     # Peak memory must also grow by more than this many MiB: CPU peaks are RSS, which moves by pages and
     # malloc arenas (±16 MiB between back-to-back runs here), a lot of percent on a tiny model's 15 MiB.
     min_peak_growth_mib: float = 0.0
+
+
+# From docs/benchmarks.md "Noise and thresholds". CPU: back-to-back runs of one commit on a shared 2-core box
+# moved step times by +50 % up to 15x (neighbours' load), so a CPU night gates timing only against gross
+# slowdowns (each verdict also needs its CI clear of the limit) and peaks only beyond the ±16 MiB RSS jitter
+# seen. GPU: a starting point for a dedicated runner (30-50 timed rounds), to be tightened from its own
+# back-to-back spread.
+DEFAULT_THRESHOLDS = {
+    "cpu": Thresholds(max_slowdown_pct=50.0, max_memory_growth_pct=5.0, max_accuracy_drop_pts=1.0,
+                              min_peak_growth_mib=32.0),
+    "cuda": Thresholds(max_slowdown_pct=5.0, max_memory_growth_pct=2.0, max_accuracy_drop_pts=1.0),
+}
 
 
 @dataclass(frozen=True)
@@ -254,6 +266,12 @@ def environment_differences(base: list[Record], new: list[Record]) -> list[str]:
         if before is not None and after is not None and before != after:
             lines.append(f"{key}: {', '.join(sorted(before))} → {', '.join(sorted(after))}")
     return lines
+
+
+def calibrated_thresholds(base: Sequence[Record], new: Sequence[Record]) -> Thresholds:
+    """The device's calibrated thresholds: CUDA's when either run ran on a GPU, else the CPU's."""
+    on_cuda = any(str(r.device).startswith("cuda") for r in (*base, *new))
+    return DEFAULT_THRESHOLDS["cuda" if on_cuda else "cpu"]
 
 
 def compare(base: list[Record], new: list[Record], limits: Thresholds) -> Comparison:

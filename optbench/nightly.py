@@ -43,18 +43,6 @@ BENCHMARK_DIR = Path("benchmarks")
 OPTIMIZER_BENCHMARKS = ("test_optimizer_step.py::test_optimizer_step", "test_train_step.py::test_train_step",
                         "test_finetune.py::test_finetune")
 
-# From docs/benchmarks.md "Noise and thresholds". CPU: back-to-back runs of one commit on a shared 2-core box
-# moved step times by +50 % up to 15x (neighbours' load), so a CPU night gates timing only against gross
-# slowdowns (each verdict also needs its CI clear of the limit) and peaks only beyond the ±16 MiB RSS jitter
-# seen. GPU: a starting point for a dedicated runner (30-50 timed rounds), to be tightened from its own
-# back-to-back spread.
-DEFAULT_THRESHOLDS = {
-    "cpu": compare.Thresholds(max_slowdown_pct=50.0, max_memory_growth_pct=5.0, max_accuracy_drop_pts=1.0,
-                              min_peak_growth_mib=32.0),
-    "cuda": compare.Thresholds(max_slowdown_pct=5.0, max_memory_growth_pct=2.0, max_accuracy_drop_pts=1.0),
-}
-
-
 class NightlyError(RuntimeError):
     """A stage that could not run or a baseline that cannot be compared: exit 2, the message says which."""
 
@@ -89,7 +77,7 @@ class Night:
 
 
 def thresholds_for(device: str) -> compare.Thresholds:
-    return DEFAULT_THRESHOLDS["cuda" if device.startswith("cuda") else "cpu"]
+    return compare.DEFAULT_THRESHOLDS["cuda" if device.startswith("cuda") else "cpu"]
 
 
 def _stage(night: Night, name: str, command: list[str], env: dict[str, str] | None = None) -> int:

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from optbench import nightly
+from optbench import compare, nightly
 from optbench.__main__ import main
 from optbench.results import Record, append_record
 
@@ -136,7 +136,7 @@ def test_stage_commands():
     assert "benchmarks/test_finetune.py::test_finetune[adamw]" in bench
     sweep = nightly.sweep_command(config, Path("o/sweep.jsonl"))
     assert sweep[-4:] == ["--optimizers", "adamw", "--workload", "tiny"]
-    assert nightly.thresholds_for("cuda:1") == nightly.DEFAULT_THRESHOLDS["cuda"]
+    assert nightly.thresholds_for("cuda:1") == compare.DEFAULT_THRESHOLDS["cuda"]
 
 
 # --- three real nights (opt-in: about three minutes on 2 CPU cores) ----------------------------------------
