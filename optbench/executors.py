@@ -215,9 +215,10 @@ class LocalExecutor:
                   env: dict[str, str]) -> subprocess.Popen:
         """`torchrun --standalone --nproc-per-node N -m optbench.trial SPEC RECORD`: rank 0 writes the record."""
         with open(log_path, "ab") as log:
+            from optbench.engines.parallel import launch_command
+
             return subprocess.Popen(
-                [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(spec.nproc),
-                 "-m", "optbench.trial", str(spec_path), str(record_path)],
+                launch_command(spec, spec_path, record_path),
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, env={**os.environ, **env})
 
     def _died(self, spec: TrialSpec, returncode: int, tail: bytes) -> Record:

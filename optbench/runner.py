@@ -135,7 +135,8 @@ def run_sweep(specs: list[TrialSpec], out_path: Path, run_id: str | None = None,
         running: set[Future[Record]] = {pool.submit(in_slot, spec) for spec in pending}
         while running:
             finished, running = wait(running, return_when=FIRST_COMPLETED)
-            for future in finished:
+            # Trials that finished are recorded before a failure among them (an interrupt) is raised.
+            for future in sorted(finished, key=lambda f: f.exception() is not None):
                 record = future.result()
                 record.run_id = run_id
                 try:

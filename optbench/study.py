@@ -11,9 +11,9 @@ the same command again skips every trial already `ok` and arrives at the same ch
 Choosing the lr: among the grid points whose tune trial finished `ok` with a finite validation metric,
 take the best (larger for `target_mode` "max", smaller for "min"). Points within `TIE_POINTS` (half a
 point: 0.005 of a fraction-valued metric such as accuracy, 0.5 % of the value otherwise) of the best are
-a near-tie, decided toward the lr closest (in log distance) to the geometric middle of the grid — the
-registry's default lr for the fallback grid — since a score that differs by less than the seed noise
-should not drag the choice to the edge of the grid; an exact tie in that distance goes to the smaller lr.
+a near-tie, decided toward the lr closest (in log distance) to the geometric middle of the grid, since a
+score that differs by less than the seed noise should not drag the choice to the edge of the grid; an
+exact tie in that distance goes to the smaller lr.
 Failed, diverged and timed-out points never win, but stay in the report and the sensitivity figure.
 """
 
@@ -32,20 +32,11 @@ from optbench.plan import TrialSpec
 from optbench.results import Record, read_records
 
 TIE_POINTS = 0.5
-FALLBACK_SPAN = 10.0  # without a registry grid: log-spaced from default/10 to default*10
 
 
 def lr_grid(name: str, points: int) -> list[float]:
-    """The registry's lr grid for this optimizer, or a log-spaced one around its default lr."""
-    entry = optimizers.resolve(name)
-    grid = getattr(entry, "lr_grid", None)
-    if callable(grid):
-        return sorted(float(lr) for lr in grid(points))
-    if points == 1:
-        return [entry.default_lr]
-    low = math.log10(entry.default_lr / FALLBACK_SPAN)
-    step = 2 * math.log10(FALLBACK_SPAN) / (points - 1)
-    return [float(f"{10 ** (low + i * step):.3g}") for i in range(points)]
+    """The registry's grid for this optimizer: `points` log-spaced lrs inside its lr range, its default among them."""
+    return sorted(float(lr) for lr in optimizers.resolve(name).lr_grid(points))
 
 
 @dataclass(frozen=True)

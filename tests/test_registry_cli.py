@@ -25,9 +25,9 @@ def test_list_shows_every_entry_with_alias_lr_range_install_and_availability(cap
 def planned(monkeypatch, tmp_path):
     """Run `optbench run` up to the sweep and hand back the trial specs it would run."""
     captured = []
-    monkeypatch.setattr("optbench.runner.run_sweep", lambda specs, out, on_record: captured.extend(specs))
+    monkeypatch.setattr("optbench.runner.run_sweep", lambda specs, out, on_record, **_: captured.extend(specs))
     monkeypatch.setattr(cli, "_check_inputs", lambda spec: None)
-    monkeypatch.setattr(cli, "_print_report", lambda files, out_dir: None)
+    monkeypatch.setattr(cli, "_print_report", lambda files, out_dir, *_: None)
 
     def plan(*args):
         assert cli.main(["run", "--workload", "tiny", "--seeds", "0", "--out", str(tmp_path / "r.jsonl"), *args]) == 0

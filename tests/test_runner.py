@@ -109,13 +109,19 @@ def test_start_up_is_measured_per_trial(startup):
 def test_parallel_trials_launch_through_torchrun(tmp_path, monkeypatch):
     launched = []
 
-    class FakePopen:
+    class FakePopen(subprocess.Popen):
+        """Fakes only the torchrun launch; git and platform look-ups of the failed record run for real."""
+
         def __init__(self, command, **kwargs):
+            self.fake = "torch.distributed.run" in command
+            if not self.fake:
+                super().__init__(command, **kwargs)
+                return
             launched.append(command)
             self.pid = os.getpid()
 
         def wait(self, timeout=None):
-            return 1
+            return 1 if self.fake else super().wait(timeout)
 
     monkeypatch.setattr(subprocess, "Popen", FakePopen)
     record = LocalExecutor(echo=False).run(TrialSpec(optimizer="adamw", parallel="ddp", nproc=2, **TINY), {})

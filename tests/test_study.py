@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from optbench import study
+from optbench import optimizers, study
 from optbench.__main__ import main
 from optbench.plan import TrialSpec
 from optbench.results import Record, read_records
@@ -55,9 +55,11 @@ def test_min_mode_prefers_lower_values():
     assert choose_lr(points, "min")[0] == 1e-3
 
 
-def test_fallback_grid_is_log_spaced_around_the_default():
-    grid = study.lr_grid("adamw", 3)
-    assert grid[0] == pytest.approx(grid[1] / 10) and grid[2] == pytest.approx(grid[1] * 10)
+def test_grid_comes_from_the_registry_range_with_the_default_in_it():
+    entry = optimizers.resolve("adamw")
+    grid = study.lr_grid("adamw", 4)
+    assert len(grid) == 4 and grid == sorted(grid) and entry.default_lr in grid
+    assert entry.lr_range[0] <= grid[0] and grid[-1] <= entry.lr_range[1]
 
 
 def _run(out, run_trial=fake_trial, grids=None, seeds=(0, 1, 2)):
