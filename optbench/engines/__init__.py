@@ -11,6 +11,7 @@ memory window it opened plus the per-step times after warm-up; the trial does th
 from __future__ import annotations
 
 import importlib
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -32,6 +33,39 @@ class EngineResult:
 
 
 Engine = Callable[["Setup", "Record"], EngineResult]
+
+
+class StepLog:
+    """What a loop records after each step, the same in every engine: the loss curve, the first step
+    apart, the step and optimizer-step samples after warm-up, divergence, and the `--eval-every` curve
+    (evaluated between steps, on the fixed subset, against training seconds so far)."""
+
+    def __init__(self, s: Setup, record: Record) -> None:
+        self.s, self.record = s, record
+        self.curve_split = s.curve_split if s.spec.eval_every else None
+        self.step_times: list[float] = []
+        self.optimizer_times: list[float] = []
+        self.trained_s = 0.0
+
+    def after_step(self, step: int, step_s: float, optimizer_s: float, loss_value: float) -> None:
+        from optbench.trial import Diverged, evaluate
+
+        spec, record = self.s.spec, self.record
+        self.trained_s += step_s
+        record.loss_curve.append(loss_value)
+        if step == 0:
+            record.first_step_s = step_s
+        elif step >= spec.warmup_steps:
+            self.step_times.append(step_s)
+            self.optimizer_times.append(optimizer_s)
+        if not math.isfinite(loss_value):
+            raise Diverged(f"loss became {loss_value} at step {step}")
+        if self.curve_split is not None and (step + 1) % spec.eval_every == 0:
+            value = evaluate(self.s, self.curve_split)[record.target_metric]
+            record.eval_curve.append([step + 1, self.trained_s, value])
+
+    def result(self, memory: MemoryWindow) -> EngineResult:
+        return EngineResult(memory=memory, step_times=self.step_times, optimizer_times=self.optimizer_times)
 
 
 def get_engine(name: str) -> Engine:

@@ -9,13 +9,12 @@ same objects, so the trial measures the very optimizer that ran. Timing follows 
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 import torch
 
 from optbench import measure
-from optbench.engines import EngineResult
+from optbench.engines import EngineResult, StepLog
 from optbench.engines.native import warm_up
 from optbench.engines.trainer import SplitDataset
 
@@ -40,19 +39,14 @@ def _batches(loader, steps: int):
 def train(s: Setup, record: Record) -> EngineResult:
     from accelerate import Accelerator
 
-    from optbench.trial import Diverged, evaluate
-
     spec = s.spec
     accelerator = Accelerator(cpu=s.device.type == "cpu", mixed_precision=MIXED_PRECISION.get(spec.precision, "no"))
     loader = torch.utils.data.DataLoader(SplitDataset(s.built.train), batch_size=spec.batch_size, shuffle=True,
                                          drop_last=True, generator=torch.Generator().manual_seed(spec.seed))
     model, optimizer, scheduler, loader = accelerator.prepare(s.model, s.optimizer, s.scheduler, loader)
-    curve_split = s.curve_split if spec.eval_every else None
     warm_up(s)
     memory = measure.MemoryWindow(s.device)
-    step_times: list[float] = []
-    optimizer_times: list[float] = []
-    trained_s = 0.0
+    log = StepLog(s, record)
     for step, batch in enumerate(_batches(loader, spec.steps)):
         timer = measure.StepTimer(s.device)
         timer.mark("start")
@@ -65,18 +59,6 @@ def train(s: Setup, record: Record) -> EngineResult:
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         timer.mark("end")
-        step_s = timer.seconds("start", "end")
-        trained_s += step_s
-        loss_value = loss.item()
-        record.loss_curve.append(loss_value)
-        if step == 0:
-            record.first_step_s = step_s
-        elif step >= spec.warmup_steps:
-            step_times.append(step_s)
-            optimizer_times.append(timer.seconds("step", "stepped"))
-        if not math.isfinite(loss_value):
-            raise Diverged(f"loss became {loss_value} at step {step}")
-        if curve_split is not None and (step + 1) % spec.eval_every == 0:
-            record.eval_curve.append([step + 1, trained_s, evaluate(s, curve_split)[record.target_metric]])
+        log.after_step(step, timer.seconds("start", "end"), timer.seconds("step", "stepped"), loss.item())
     s.model = accelerator.unwrap_model(model)
-    return EngineResult(memory=memory, step_times=step_times, optimizer_times=optimizer_times)
+    return log.result(memory)

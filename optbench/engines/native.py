@@ -10,13 +10,12 @@ evaluations run between steps, so neither shows in the medians.
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 from typing import TYPE_CHECKING
 
 from optbench import measure
-from optbench.engines import EngineResult
+from optbench.engines import EngineResult, StepLog
 from optbench.workloads import train_batches
 from optbench.workloads.base import to_device
 
@@ -45,18 +44,14 @@ def optimizer_step(s: Setup) -> None:
 
 def train(s: Setup, record: Record) -> EngineResult:
     from optbench.fidelity import UpdateFidelity, median_of
-    from optbench.trial import Diverged, evaluate
 
     spec = s.spec
     # Built before the baseline so its fixed buffers (parameter snapshot + shadow parameters) sit in it;
     # the shadow's moments appear lazily on its first step and do land in the peaks: hence `fidelity`.
     probe = UpdateFidelity(s.optimizer) if spec.fidelity else None
-    curve_split = s.curve_split if spec.eval_every else None
     warm_up(s)
     memory = measure.MemoryWindow(s.device)
-    step_times: list[float] = []
-    optimizer_times: list[float] = []
-    trained_s = 0.0
+    log = StepLog(s, record)
     progress = _progress(spec, record)
     for step, cpu_batch in enumerate(train_batches(s.built.train, spec.batch_size, spec.steps, spec.seed)):
         batch = to_device(cpu_batch, s.device)
@@ -80,27 +75,16 @@ def train(s: Setup, record: Record) -> EngineResult:
         s.scheduler.step()
         timer.mark("end")
         step_s = timer.seconds("start", "backward") + timer.seconds("step", "stepped") + timer.seconds("zero", "end")
-        trained_s += step_s
         loss_value = loss.item()
-        record.loss_curve.append(loss_value)
-        if step == 0:
-            record.first_step_s = step_s
-        elif step >= spec.warmup_steps:
-            step_times.append(step_s)
-            optimizer_times.append(timer.seconds("step", "stepped"))
         progress.update(1)
         progress.set_postfix(loss=f"{loss_value:.3f}", refresh=False)
-        if not math.isfinite(loss_value):
-            raise Diverged(f"loss became {loss_value} at step {step}")
-        if curve_split is not None and (step + 1) % spec.eval_every == 0:
-            metrics = evaluate(s, curve_split)
-            record.eval_curve.append([step + 1, trained_s, metrics[record.target_metric]])
+        log.after_step(step, step_s, timer.seconds("step", "stepped"), loss_value)
     progress.close()
     if probe is not None:
         record.update_cosine_curve, record.update_rel_error_curve = probe.cosines, probe.rel_errors
         record.update_cosine_median = median_of(probe.cosines)
         record.update_rel_error_median = median_of(probe.rel_errors)
-    return EngineResult(memory=memory, step_times=step_times, optimizer_times=optimizer_times)
+    return log.result(memory)
 
 
 def _progress(spec, record: Record):
