@@ -159,6 +159,7 @@ def test_three_nights_on_cpu(tmp_path, monkeypatch, capsys):
     assert _night(tmp_path, "n3", *quick) == 1
     summary = (tmp_path / "n3" / "summary.md").read_text()
     assert "optbench nightly: REGRESSION" in summary
-    assert any(line.startswith("- sweep: adamw [") and "optimizer step +" in line for line in summary.splitlines())
+    assert any(line.startswith("- sweep: adamw [") and "optimizer step +" in line
+               for line in summary.splitlines()), summary
     assert (tmp_path / "baseline" / nightly.SWEEP_FILE).read_bytes() == before
     print(f"three nights: {time.perf_counter() - start:.0f} s")
