@@ -24,9 +24,9 @@ from optbench.plan import TrialSpec
 from optbench.results import Record, append_record, read_records
 from optbench.runner import ResultsWriteError, run_sweep
 
-TINY = dict(workload="tiny", steps=3, warmup_steps=1, batch_size=4, seq_len=16, eval_size=16)
-TINY_RUN = ["--workload", "tiny", "--steps", "3", "--warmup-steps", "1", "--batch-size", "4", "--seq-len", "16",
-            "--eval-size", "16"]
+TINY = dict(workload="tiny", device="cpu", steps=3, warmup_steps=1, batch_size=4, seq_len=16, eval_size=16)
+TINY_RUN = ["--workload", "tiny", "--device", "cpu", "--steps", "3", "--warmup-steps", "1", "--batch-size", "4",
+            "--seq-len", "16", "--eval-size", "16"]
 ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
 
 

@@ -131,9 +131,10 @@ def test_parallel_trials_launch_through_torchrun(tmp_path, monkeypatch):
 
 
 def test_a_log_gets_plain_progress_lines_and_no_progress_bar_frames(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "optbench", "run", "--workload", "tiny", "--steps", "3",
-                             "--warmup-steps", "1", "--batch-size", "4", "--seq-len", "16", "--eval-size", "16",
-                             "--optimizers", "adamw,adafactor", "--out", str(tmp_path / "r.jsonl")],
+    result = subprocess.run([sys.executable, "-m", "optbench", "run", "--workload", "tiny", "--device", "cpu",
+                             "--steps", "3", "--warmup-steps", "1", "--batch-size", "4", "--seq-len", "16",
+                             "--eval-size", "16", "--optimizers", "adamw,adafactor",
+                             "--out", str(tmp_path / "r.jsonl")],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "\r" not in result.stderr  # stderr is a pipe here: the trial's tqdm bar stays off
