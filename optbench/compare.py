@@ -110,6 +110,7 @@ class Comparison:
     regressions: list[str] = field(default_factory=list)  # one line per offending (job, optimizer, metric)
     commits: tuple[list[str], list[str]] = ([], [])  # git commits seen in BASE, in NEW
     env_differences: list[str] = field(default_factory=list)
+    busy: list[str] = field(default_factory=list)  # runs timed on an oversubscribed machine
 
 
 def bootstrap_ratio_of_medians(base: Iterable[float], new: Iterable[float], resamples: int = BOOTSTRAP_RESAMPLES,
@@ -268,6 +269,22 @@ def environment_differences(base: list[Record], new: list[Record]) -> list[str]:
     return lines
 
 
+BUSY_LOAD_PER_CORE = 1.5  # one sweep keeps the load near the core count; well above it, others shared the CPUs
+
+
+def busy_machine(records: list[Record], name: str) -> str | None:
+    """A warning when a run's trials were stamped with a 1-minute load above BUSY_LOAD_PER_CORE x cores:
+    its times include neighbours' work (back-to-back runs here moved +50 % and more at load 15-20)."""
+    loads = [(r.env["load_avg_1m"], r.env.get("cpu_count") or 1) for r in records
+             if isinstance(r.env.get("load_avg_1m"), int | float)]
+    busy = [load for load, cores in loads if load > BUSY_LOAD_PER_CORE * cores]
+    if not busy:
+        return None
+    cores = max(c for _, c in loads)
+    return (f"{name} was timed on a busy machine (1-minute load up to {max(busy):.1f} on {cores} cores in "
+            f"{len(busy)} of {len(loads)} trials): its times include other work")
+
+
 def calibrated_thresholds(base: Sequence[Record], new: Sequence[Record]) -> Thresholds:
     """The device's calibrated thresholds: CUDA's when either run ran on a GPU, else the CPU's."""
     on_cuda = any(str(r.device).startswith("cuda") for r in (*base, *new))
@@ -308,7 +325,8 @@ def compare(base: list[Record], new: list[Record], limits: Thresholds) -> Compar
         regressions.extend(f"{optimizer} [{job}]: {p}" for p in problems)
         rows.append(row)
     return Comparison(rows=pd.DataFrame(rows), regressions=regressions, commits=(run_commits(base), run_commits(new)),
-                      env_differences=environment_differences(base, new))
+                      env_differences=environment_differences(base, new),
+                      busy=[w for w in (busy_machine(base, "BASE"), busy_machine(new, "NEW")) if w])
 
 
 def _scale(metric: Metric, value: float | None) -> float | None:
@@ -348,6 +366,7 @@ def render_header(comparison: Comparison) -> str:
     if comparison.env_differences:
         lines += ["**Warning: the runs come from different environments; their numbers are not like with "
                   "like:**", "", *(f"- {line}" for line in comparison.env_differences), ""]
+    lines += [f"**Warning: {line}.**\n" for line in comparison.busy]
     return "\n".join([*lines, LEGEND, ""])
 
 

@@ -30,7 +30,10 @@ GIB = 2**30
 REFERENCE_OPTIMIZER = "adamw"  # what every table, paired difference and "% of" column compares against
 # Environment-stamp keys that change what a number means: the benchmarks add them to pytest-benchmark's
 # machine_info (which has the CPU already), and `compare` warns when two runs differ in any of them.
-MACHINE_KEYS = ("gpu", "cuda", "torch", "transformers", "datasets", "bitsandbytes", "torchao", "torch_threads")
+# What makes two runs' numbers comparable: hardware (the CPU's family/model/stepping and the kernel set torch
+# dispatches to, which changes floating-point results), libraries and threads.
+MACHINE_KEYS = ("gpu", "cuda", "cpu_model", "cpu_capability", "torch", "transformers", "datasets", "bitsandbytes",
+                "torchao", "torch_threads")
 STATUSES = ("ok", "oom", "diverged", "error", "timeout", "skipped")
 
 
@@ -306,14 +309,40 @@ def _git_commit() -> str | None:
     return out.stdout.strip() or None if out.returncode == 0 else None
 
 
-def cpu_name() -> str:
+def _cpuinfo() -> dict[str, str]:
+    """The first processor's fields of /proc/cpuinfo (empty off Linux)."""
+    fields: dict[str, str] = {}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+            if not line.strip():
+                break
+            key, _, value = line.partition(":")
+            fields[key.strip()] = value.strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    return fields
+
+
+def cpu_name() -> str:
+    return _cpuinfo().get("model name") or platform.processor() or platform.machine()
+
+
+def cpu_model() -> str | None:
+    """Family, model and stepping: virtual machines often show every EPYC or Xeon under one bare brand name,
+    while these numbers still tell one CPU generation from another."""
+    info = _cpuinfo()
+    if "cpu family" not in info:
+        return None
+    return f"family {info['cpu family']} model {info.get('model', '?')} stepping {info.get('stepping', '?')}"
+
+
+def load_average_1m() -> float | None:
+    """The 1-minute load average when the stamp was taken: above the core count, neighbours shared the CPUs
+    and every time measured then carries their work."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (OSError, AttributeError):
+        return None
 
 
 def environment(packages: Iterable[str] = ("torch", "transformers", "datasets", "bitsandbytes",
@@ -325,7 +354,10 @@ def environment(packages: Iterable[str] = ("torch", "transformers", "datasets", 
     env.update({name: _version(name) for name in packages})
     env["cuda"] = torch.version.cuda
     env["cpu"] = cpu_name()
+    env["cpu_model"] = cpu_model()
+    env["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
     env["cpu_count"] = os.cpu_count()
+    env["load_avg_1m"] = load_average_1m()
     env["torch_threads"] = torch.get_num_threads()
     env["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     env["git_commit"] = _git_commit()

@@ -261,3 +261,28 @@ def test_peak_memory_floor_ignores_small_absolute_growth():
     assert compare.crossed(metric, change, floor, growth=40.0) is not None
     state = next(m for m in compare.METRICS if m.column == "state_mib")
     assert compare.crossed(state, change, floor, growth=0.1) is not None  # state bytes are exact: no floor
+
+
+def test_the_cpu_generation_and_kernel_set_are_compared():
+    """Two VMs can both say "AMD EPYC": family/model and torch's kernel set still tell them apart."""
+    zen3 = _stamped(BASE, cpu="AMD EPYC", cpu_model="family 25 model 1 stepping 1", cpu_capability="AVX2")
+    zen4 = _stamped(BASE, cpu="AMD EPYC", cpu_model="family 25 model 17 stepping 1", cpu_capability="AVX512")
+    assert compare.environment_differences(zen3, zen4) == [
+        "cpu_model: family 25 model 1 stepping 1 → family 25 model 17 stepping 1", "cpu_capability: AVX2 → AVX512"]
+
+
+def test_this_machine_stamps_its_cpu_generation_and_load():
+    from optbench.results import environment
+
+    env = environment()
+    assert env["cpu_capability"] and isinstance(env["load_avg_1m"], float)
+    assert env["cpu_model"] is None or env["cpu_model"].startswith("family ")
+
+
+def test_a_run_timed_on_a_busy_machine_is_flagged_in_the_header(tmp_path, capsys):
+    quiet = _write(tmp_path / "a.jsonl", _stamped(BASE, cpu_count=2, load_avg_1m=1.9))
+    busy = _write(tmp_path / "b.jsonl", _stamped(BASE, cpu_count=2, load_avg_1m=16.5))
+    assert main(["compare", str(quiet), str(quiet)]) == 0
+    assert "busy machine" not in capsys.readouterr().out
+    assert main(["compare", str(quiet), str(busy)]) == 0  # a warning, not a verdict
+    assert "NEW was timed on a busy machine (1-minute load up to 16.5 on 2 cores" in capsys.readouterr().out

@@ -121,6 +121,35 @@ def test_muon_orthogonalises_hidden_matrices_and_leaves_the_rest_to_adamw(tiny_m
     del scheduler
 
 
+def test_muon_on_cpu_orthogonalises_in_fp32_with_torchs_iteration(tiny_models):
+    """On CPU the entry computes Newton–Schulz in fp32 (bf16 products are 12x slower there): the same update
+    torch's bf16 Muon makes, to bf16 precision; ns_dtype="bfloat16" keeps torch's own class."""
+    from torch.optim import _muon
+
+    grad = torch.randn(48, 160, generator=torch.Generator().manual_seed(0))
+    ours = torch_optim_newton_schulz(grad)
+    theirs = _muon._zeropower_via_newtonschulz(grad, (3.4445, -4.775, 2.0315), 5, 1e-7).float()
+    assert ours.dtype == torch.float32 and torch.allclose(ours, theirs, atol=0.02)
+    assert ours.T.shape == torch_optim_newton_schulz(grad.T).shape  # tall matrices are transposed and back
+    model = copy.deepcopy(tiny_models[torch.float32])
+    entry = optimizers.resolve("muon")
+    assert type(entry.build_for(model).parts[0]).__name__ == "Fp32NewtonSchulzMuon"
+    assert type(entry.build_for(model, ns_dtype="bfloat16").parts[0]) is torch.optim.Muon
+    with pytest.raises(ValueError, match="ns_dtype"):
+        entry.build_for(model, ns_dtype="fp8")
+    original = _muon._zeropower_via_newtonschulz
+    optimizer = entry.build_for(model)
+    model(input_ids=torch.ones(2, 8, dtype=torch.long), labels=torch.zeros(2, dtype=torch.long)).loss.backward()
+    optimizer.step()
+    assert _muon._zeropower_via_newtonschulz is original  # the swap does not outlive the step
+
+
+def torch_optim_newton_schulz(grad):
+    from optbench.optimizers.torch_optim import _newton_schulz
+
+    return _newton_schulz(grad, (3.4445, -4.775, 2.0315), 5, 1e-7, dtype=torch.float32)
+
+
 def test_adamw8bit_hf_keeps_embeddings_fp32_and_does_not_leak_into_the_pure_one(tiny_models):
     pytest.importorskip("bitsandbytes")
     model = copy.deepcopy(tiny_models[torch.float32])
