@@ -364,8 +364,37 @@ def render_markdown(summary: pd.DataFrame) -> str:
     for job, table, errors in display_tables(summary):
         parts.append(f"### {job}\n\n" + table.to_markdown(index=False) + _notes(summary, job)
                      + ("\n\n" + "\n".join(f"- {e}" for e in errors) if errors else ""))
-    profile = render_profile_markdown(summary)
-    return "\n\n".join(parts) + "\n" + ("\n" + profile if profile else "")
+    extras = [text for text in (render_precision_markdown(summary), render_profile_markdown(summary)) if text]
+    return "\n\n".join(parts) + "\n" + "".join("\n" + text for text in extras)
+
+
+def render_precision_markdown(summary: pd.DataFrame) -> str:
+    """Jobs that differ only in precision, in one table: what bf16 weights or autocast buy per optimizer.
+
+    Each precision is its own job above (its "vs adamw" columns compare within one precision); this table
+    puts the same optimizer's rows next to each other.
+    """
+    ok = summary[summary["status"] == "ok"].copy()
+    if ok.empty:
+        return ""
+    ok["base"] = [str(job).replace(f", {weights} weights", "") for job, weights in
+                  zip(ok["job"], ok["weight_precision"], strict=True)]
+    parts = []
+    for base, group in ok.groupby("base", sort=False):
+        if group["weight_precision"].nunique() < 2:
+            continue
+        metric = str(group["target_metric"].iloc[0])
+        order = {name: i for i, name in enumerate(dict.fromkeys(group["optimizer"]))}
+        group = group.sort_values("optimizer", kind="stable", key=lambda names: names.map(order))
+        table = pd.DataFrame({
+            "optimizer": group["optimizer"], "weights": group["weight_precision"],
+            "state precision": group["precision"],
+            **{title.format(metric=metric): [_cell(r, source, d) for _, r in group.iterrows()]
+               for title, source, d in METRICS
+               if source in ("state_mib", "train_mem_mib", "step_ms", "opt_step_ms", HEADLINE)},
+        })
+        parts.append(f"### Precision side by side: {base}\n\n" + table.to_markdown(index=False) + "\n")
+    return "\n".join(parts)
 
 
 def _notes(summary: pd.DataFrame, job: str) -> str:

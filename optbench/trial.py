@@ -155,6 +155,10 @@ def describe_model(record: Record, model: torch.nn.Module, entry: OptimizerSpec)
     record.analytic_state_bytes = facts.state_bytes
     record.analytic_state_bytes_per_param = facts.state_bytes / record.num_params
     record.fp32_state_fraction = facts.fp32_state_numel / record.num_params
+    if params and params[0].dtype == torch.bfloat16 and facts.fp32_state_numel == 0 and \
+            record.state_precision.startswith("fp32"):
+        # torch's optimizers keep their state in the parameters' dtype: "fp32" entries hold bf16 state here
+        record.state_precision = "bf16" + record.state_precision.removeprefix("fp32")
     record.optimizer_step_traffic_bytes = facts.step_traffic_bytes
 
 

@@ -80,6 +80,10 @@ def test_precision_modes_run_on_cpu_and_say_so(precision, param_dtype, autocast_
     assert (record.precision, record.param_dtype, record.autocast_dtype) == (precision, param_dtype, autocast_dtype)
     bytes_per_weight = 2 if param_dtype == "bfloat16" else 4
     assert record.weights_bytes == record.grads_bytes == bytes_per_weight * record.num_params
+    # torch's AdamW keeps its moments in the parameters' dtype, and the label says which
+    assert record.state_precision == ("bf16" if param_dtype == "bfloat16" else "fp32")
+    assert record.state_bytes == record.analytic_state_bytes
+    assert record.state_bytes_per_param == pytest.approx(2 * bytes_per_weight, rel=0.01)
 
 
 def test_tune_stage_scores_on_validation_carved_from_train_and_never_builds_eval():
