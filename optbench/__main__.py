@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import signal
 import sys
 import warnings
 from pathlib import Path
@@ -621,7 +622,20 @@ COMMANDS = {"run": _run, "study": _study, "list": _list, "report": _report, "est
             "compare": _compare, "nightly": _nightly, "recommend": _recommend}
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler's or CI's cancel, `timeout`), taken down the same path as Ctrl-C: the running
+    trial's process group is killed, what was recorded stays, and the exit status says which signal."""
+
+
+def _terminate(signum: int, frame: object) -> NoReturn:
+    raise Terminated()
+
+
 def main(argv: list[str] | None = None) -> int:
+    try:
+        previous = signal.signal(signal.SIGTERM, _terminate)
+    except ValueError:  # not the main thread: leave signals to whoever owns it
+        previous = None
     try:
         args = build_parser().parse_args(argv)
         return COMMANDS[args.command](args)
@@ -630,12 +644,17 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt as exc:
         recorded = getattr(exc, "recorded", 0)
-        print(f"optbench: interrupted: {recorded} trials recorded, rerun the same command to resume", file=sys.stderr)
-        return 130
+        terminated = isinstance(exc, Terminated) or isinstance(exc.__context__, Terminated)
+        print(f"optbench: {'terminated' if terminated else 'interrupted'}: {recorded} trials recorded, rerun the "
+              "same command to resume", file=sys.stderr)
+        return 128 + (signal.SIGTERM if terminated else signal.SIGINT)
     except ResultsWriteError as exc:  # the results file stopped taking records (disk full, ...)
         print(f"optbench: error: {exc.strerror or exc}; free space or pick another --out, then rerun to resume",
               file=sys.stderr)
         return 1
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

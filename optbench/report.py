@@ -190,7 +190,7 @@ def summarize(frame: pd.DataFrame) -> pd.DataFrame:
                "error": "; ".join(sorted({str(e) for e in group["error"].dropna()}))[:200] or None,
                "target_metric": first.get("target_metric") or "accuracy",
                "target_mode": first.get("target_mode") or "max", "job_target": first.get("job_target"),
-               "lr": first.get("lr")}
+               "lr": first.get("lr"), "engine": first.get("engine") or "native"}
         if status == "ok":
             for source in columns:
                 values = pd.to_numeric(group[source], errors="coerce").dropna()
@@ -364,36 +364,39 @@ def render_markdown(summary: pd.DataFrame) -> str:
     for job, table, errors in display_tables(summary):
         parts.append(f"### {job}\n\n" + table.to_markdown(index=False) + _notes(summary, job)
                      + ("\n\n" + "\n".join(f"- {e}" for e in errors) if errors else ""))
-    extras = [text for text in (render_precision_markdown(summary), render_profile_markdown(summary)) if text]
+    extras = [text for text in (render_side_by_side_markdown(summary), render_profile_markdown(summary)) if text]
     return "\n\n".join(parts) + "\n" + "".join("\n" + text for text in extras)
 
 
-def render_precision_markdown(summary: pd.DataFrame) -> str:
-    """Jobs that differ only in precision, in one table: what bf16 weights or autocast buy per optimizer.
+def render_side_by_side_markdown(summary: pd.DataFrame) -> str:
+    """Jobs that differ only in precision or engine, in one table: what bf16 weights, autocast or another
+    training loop change for the same optimizer.
 
-    Each precision is its own job above (its "vs adamw" columns compare within one precision); this table
+    Each precision and engine is its own job above (its "vs adamw" columns compare within it); this table
     puts the same optimizer's rows next to each other.
     """
     ok = summary[summary["status"] == "ok"].copy()
     if ok.empty:
         return ""
-    ok["base"] = [str(job).replace(f", {weights} weights", "") for job, weights in
-                  zip(ok["job"], ok["weight_precision"], strict=True)]
+    ok["base"] = [str(job).replace(f", {weights} weights", "").replace(f", {engine} engine", "")
+                  for job, weights, engine in zip(ok["job"], ok["weight_precision"], ok["engine"], strict=True)]
     parts = []
     for base, group in ok.groupby("base", sort=False):
-        if group["weight_precision"].nunique() < 2:
+        if group["job"].nunique() < 2:
             continue
         metric = str(group["target_metric"].iloc[0])
         order = {name: i for i, name in enumerate(dict.fromkeys(group["optimizer"]))}
         group = group.sort_values("optimizer", kind="stable", key=lambda names: names.map(order))
         table = pd.DataFrame({
-            "optimizer": group["optimizer"], "weights": group["weight_precision"],
+            "optimizer": group["optimizer"], "weights": group["weight_precision"], "engine": group["engine"],
             "state precision": group["precision"],
+            "status": [f"ok {r.trials}/{r.of_trials}" for r in group.itertuples()],
             **{title.format(metric=metric): [_cell(r, source, d) for _, r in group.iterrows()]
                for title, source, d in METRICS
                if source in ("state_mib", "train_mem_mib", "step_ms", "opt_step_ms", HEADLINE)},
         })
-        parts.append(f"### Precision side by side: {base}\n\n" + table.to_markdown(index=False) + "\n")
+        table = table.drop(columns=[c for c in ("weights", "engine") if table[c].nunique() < 2])
+        parts.append(f"### Side by side: {base}\n\n" + table.to_markdown(index=False) + "\n")
     return "\n".join(parts)
 
 

@@ -237,7 +237,10 @@ def run_trial(spec: TrialSpec) -> Record:
     from optbench.engines import parallel
 
     if spec.parallel != "none" and not parallel.in_group():
-        return parallel.launch(spec)  # a torchrun group runs it; rank 0's record comes back
+        from optbench.executors import LocalExecutor
+
+        # a torchrun group runs it, as in a sweep; rank 0's record (or the group's failure) comes back
+        return LocalExecutor(echo=False).run(spec, {})
     record = record_from_spec(spec)
     start = time.perf_counter()
     try:

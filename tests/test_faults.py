@@ -89,7 +89,10 @@ def test_sigkill_mid_trial_then_rerun_resumes_without_loss_or_duplicates(tmp_pat
     assert len(ids) == 6 == len(set(ids))  # every trial once: none lost, none recorded twice
 
 
-def test_sigint_stops_the_running_child_and_says_how_to_resume(tmp_path):
+@pytest.mark.parametrize("signum,status,word", [(signal.SIGINT, 130, "interrupted"),
+                                                 (signal.SIGTERM, 143, "terminated")])
+def test_a_signal_stops_the_running_child_and_says_how_to_resume(tmp_path, signum, status, word):
+    """Ctrl-C reaches the whole foreground group; a scheduler's or CI's cancel sends SIGTERM to optbench."""
     out = tmp_path / "r.jsonl"
     # The sweep gets its own process group and the signal from us: a non-interactive shell would start
     # it with SIGINT ignored. 100000 steps: the trial is still training when the signal comes.
@@ -103,10 +106,13 @@ def test_sigint_stops_the_running_child_and_says_how_to_resume(tmp_path):
         assert sweep.poll() is None and time.monotonic() < deadline, sweep.stderr.read()
         trial_pids = {pid for pid in _descendants(sweep.pid) if os.getsid(pid) == pid} if _alive(sweep.pid) else set()
         time.sleep(0.2)
-    os.killpg(sweep.pid, signal.SIGINT)
+    if signum == signal.SIGINT:
+        os.killpg(sweep.pid, signum)
+    else:
+        os.kill(sweep.pid, signum)
     _, stderr = sweep.communicate(timeout=60)
-    assert sweep.returncode == 130
-    assert stderr.strip().splitlines()[-1] == ("optbench: interrupted: 0 trials recorded, rerun the same command "
+    assert sweep.returncode == status
+    assert stderr.strip().splitlines()[-1] == (f"optbench: {word}: 0 trials recorded, rerun the same command "
                                               "to resume")
     assert "Traceback" not in stderr
     deadline = time.monotonic() + 10

@@ -176,7 +176,7 @@ def test_min_metric_target_and_one_seed_interval():
     assert "eval perplexity" in markdown and "20.0000 ± n/a" in markdown
 
 
-def test_jobs_that_differ_only_in_precision_also_share_one_table(records, tmp_path):
+def test_jobs_that_differ_only_in_precision_or_engine_also_share_one_table(records, tmp_path):
     import dataclasses
 
     bf16 = [dataclasses.replace(r, trial_id=r.trial_id + "-bf16", precision="bf16",
@@ -184,11 +184,18 @@ def test_jobs_that_differ_only_in_precision_also_share_one_table(records, tmp_pa
                                 state_precision="bf16" if r.optimizer == "adamw" else r.state_precision)
             for r in records]
     markdown, _ = write_report(records + bf16, tmp_path, figures=False)
-    side = markdown.split("### Precision side by side: ")[1]
+    side = markdown.split("### Side by side: ")[1]
     assert side.startswith("m on d, cpu, 10 steps x batch 4 x seq 8\n")
-    rows = [line.split("|")[1:5] for line in side.splitlines() if line.startswith("| adam")]
+    rows = [line.split("|")[1:6] for line in side.splitlines() if line.startswith("| adam")]
     assert [[c.strip() for c in row] for row in rows] == [
-        ["adamw", "fp32", "fp32", "100.0 ± 0.0"], ["adamw", "bf16", "bf16", "50.0 ± 0.0"],
-        ["adamw8bit", "fp32", "int8-blockwise", "25.0"], ["adamw8bit", "bf16", "int8-blockwise", "12.5"]]
+        ["adamw", "fp32", "fp32", "ok 2/2", "100.0 ± 0.0"], ["adamw", "bf16", "bf16", "ok 2/2", "50.0 ± 0.0"],
+        ["adamw8bit", "fp32", "int8-blockwise", "ok 1/1", "25.0"],
+        ["adamw8bit", "bf16", "int8-blockwise", "ok 1/1", "12.5"]]
+    trainer = [dataclasses.replace(r, trial_id=r.trial_id + "-trainer", engine="trainer") for r in records[:2]]
+    markdown, _ = write_report(records + trainer, tmp_path, figures=False)
+    side = markdown.split("### Side by side: ")[1]
+    assert "| optimizer   | engine   |" in side and "weights" not in side.splitlines()[2]
+    assert [line.split("|")[2].strip() for line in side.splitlines() if line.startswith("| adam")] == [
+        "native", "trainer", "native"]
     alone, _ = write_report(records, tmp_path, figures=False)
     assert "side by side" not in alone  # one precision: nothing to put side by side

@@ -1,8 +1,9 @@
 """Data-parallel trials across processes: DDP, ZeRO-1 and FSDP2, one `torchrun` group per trial.
 
 A trial with `parallel != "none"` runs as `torchrun --standalone --nproc-per-node N -m optbench.trial
-SPEC RECORD` (`launch_command`); when a plain process is asked to run one (the runner's child), it starts
-that group itself (`launch`) and returns the record rank 0 wrote. Inside the group every rank runs the
+SPEC RECORD` (`launch_command`), started and timed out by `executors.LocalExecutor` like any trial's
+process (`run_trial` in a plain process goes through it too) and returning the record rank 0 wrote.
+Inside the group every rank runs the
 ordinary trial (setup, engine, describe, evaluate) with this module's engine, which wraps the model and
 the optimizer for the mode and then trains with the native loop:
 
@@ -25,10 +26,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import signal
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -63,34 +61,6 @@ def launch_command(spec: TrialSpec, spec_path: Path, record_path: Path) -> list[
 def in_group() -> bool:
     """True inside a torchrun rank (torchrun sets LOCAL_RANK and WORLD_SIZE for each worker)."""
     return "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ
-
-
-def launch(spec: TrialSpec) -> Record:
-    """Run `spec` as a torchrun group from this (plain) process and return rank 0's record; a group that
-    writes none (a crash, a hang past the timeout) becomes a record with that status and stderr's tail."""
-    from optbench.results import Record
-    from optbench.trial import record_from_spec
-
-    with tempfile.TemporaryDirectory(prefix="optbench-group-") as tmp:
-        spec_path, record_path = Path(tmp) / "spec.json", Path(tmp) / "record.json"
-        spec_path.write_text(json.dumps(spec.to_dict()))
-        started = time.perf_counter()
-        group = subprocess.Popen(launch_command(spec, spec_path, record_path), stdout=subprocess.DEVNULL,
-                                 stderr=subprocess.PIPE, text=True)
-        try:
-            _, stderr = group.communicate(timeout=spec.timeout_s)
-            status, error = "error", f"torchrun exited with code {group.returncode}"
-        except subprocess.TimeoutExpired:
-            group.send_signal(signal.SIGTERM)  # torchrun stops its workers on SIGTERM
-            _, stderr = group.communicate()
-            status, error = "timeout", f"trial exceeded its {spec.timeout_s:g} s timeout"
-        if record_path.is_file():
-            return Record.from_dict(json.loads(record_path.read_text()))
-    record = record_from_spec(spec)
-    tail = [line for line in (stderr or "").splitlines() if line.strip()][-3:]
-    record.status, record.error = status, "; ".join([error, *tail])
-    record.wall_s = time.perf_counter() - started
-    return record
 
 
 # -- inside a rank -----------------------------------------------------------------------------------
