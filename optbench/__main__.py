@@ -13,6 +13,7 @@ import math
 import signal
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
@@ -45,24 +46,23 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _positive_float(text: str) -> float:
+def _number(text: str, rule: str, ok: Callable[[float], bool]) -> float:
+    """A float that passes `ok`; otherwise argparse's error says `rule` ("a positive finite number", ...)."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number, got '{text}'") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive finite number, got {text}")
+    if not ok(value):
+        raise argparse.ArgumentTypeError(f"must be {rule}, got {text}")
     return value
+
+
+def _positive_float(text: str) -> float:
+    return _number(text, "a positive finite number", lambda v: 0 < v < math.inf)
 
 
 def _finite_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got '{text}'") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
-    return value
+    return _number(text, "a finite number", math.isfinite)
 
 
 def _non_negative_float(text: str) -> float:
