@@ -59,3 +59,11 @@ def test_engine_records_divergence(engine):
 def test_unknown_engine_lists_the_known_ones():
     with pytest.raises(ValueError, match="native, trainer, accelerate"):
         get_engine("keras")
+
+
+def test_accelerate_trains_on_the_native_batches_step_for_step(records):
+    """Same batches, same order, same dropout draws: on one CPU process the Accelerate loop computes exactly
+    what the native loop does, so an engine comparison measures the loop, not a data order."""
+    native, accelerate = records["native", "adamw"], records["accelerate", "adamw"]
+    assert accelerate.loss_curve == native.loss_curve
+    assert accelerate.eval_accuracy == native.eval_accuracy

@@ -1,7 +1,9 @@
 """The trial through an Accelerate loop: `accelerator.prepare` + `accelerator.backward`, as its examples write it.
 
-Accelerate owns the device placement, the autocast (its `mixed_precision`) and the data loader (a
-seeded shuffling `DataLoader` over the training split); the registry's optimizer and the trial's
+Accelerate owns the device placement, the autocast (its `mixed_precision`) and the data loader: a
+`DataLoader` over the training split whose batch sampler yields the native loop's batches
+(`batch_indices`), so the two engines see the same data in the same order and differ only in the loop.
+The registry's optimizer and the trial's
 schedule go through `prepare`, which wraps them (AcceleratedOptimizer / AcceleratedScheduler) around the
 same objects, so the trial measures the very optimizer that ran. Timing follows the native engine:
 `measure.StepTimer` marks, one synchronize at the end of the step on CUDA.
@@ -17,6 +19,7 @@ from optbench import measure
 from optbench.engines import EngineResult, StepLog
 from optbench.engines.native import warm_up
 from optbench.engines.trainer import SplitDataset
+from optbench.workloads.base import batch_indices, rows
 
 if TYPE_CHECKING:
     from optbench.results import Record
@@ -25,29 +28,19 @@ if TYPE_CHECKING:
 MIXED_PRECISION = {"bf16-autocast": "bf16", "fp16-autocast": "fp16"}  # others: "no" (pure bf16 is in the weights)
 
 
-def _batches(loader, steps: int):
-    """`steps` batches, starting a new epoch (a new shuffle) whenever the loader runs out."""
-    produced = 0
-    while True:
-        for batch in loader:
-            if produced == steps:
-                return
-            produced += 1
-            yield batch
-
-
 def train(s: Setup, record: Record) -> EngineResult:
     from accelerate import Accelerator
 
     spec = s.spec
     accelerator = Accelerator(cpu=s.device.type == "cpu", mixed_precision=MIXED_PRECISION.get(spec.precision, "no"))
-    loader = torch.utils.data.DataLoader(SplitDataset(s.built.train), batch_size=spec.batch_size, shuffle=True,
-                                         drop_last=True, generator=torch.Generator().manual_seed(spec.seed))
+    order = [index.tolist() for index in batch_indices(rows(s.built.train), spec.batch_size, spec.steps, spec.seed)]
+    # its own generator: drawing the loader's base seed must not advance the global RNG that dropout uses
+    loader = torch.utils.data.DataLoader(SplitDataset(s.built.train), batch_sampler=order, generator=torch.Generator())
     model, optimizer, scheduler, loader = accelerator.prepare(s.model, s.optimizer, s.scheduler, loader)
     warm_up(s)
     memory = measure.MemoryWindow(s.device)
     log = StepLog(s, record)
-    for step, batch in enumerate(_batches(loader, spec.steps)):
+    for step, batch in enumerate(loader):
         timer = measure.StepTimer(s.device)
         timer.mark("start")
         with accelerator.autocast():

@@ -103,21 +103,26 @@ def split_for_stage(spec: TrialSpec, train: Split, held_out: Split) -> tuple[Spl
     return train, None, take(held_out, slice(0, spec.eval_size))
 
 
-def train_batches(train: Split, batch_size: int, steps: int, seed: int) -> Iterator[Split]:
-    """`steps` CPU batches, reshuffling each epoch from the trial's seed (same order for every optimizer).
-
-    Batches stay on the host: the loop moves one at a time to the device, so the run's data never sits in
-    device memory (or in the CUDA peak) all at once.
-    """
+def batch_indices(total: int, batch_size: int, steps: int, seed: int) -> Iterator[torch.Tensor]:
+    """The row indices of `steps` batches, reshuffling each epoch from the trial's seed: the one data order
+    of a trial, whichever loop consumes it (the native loop, or Accelerate's DataLoader)."""
     generator = torch.Generator().manual_seed(seed)
-    total = rows(train)
     order = torch.randperm(total, generator=generator)
     cursor = 0
     for _ in range(steps):
         if cursor + batch_size > total:
             order, cursor = torch.randperm(total, generator=generator), 0
-        index = order[cursor: cursor + batch_size]
+        yield order[cursor: cursor + batch_size]
         cursor += batch_size
+
+
+def train_batches(train: Split, batch_size: int, steps: int, seed: int) -> Iterator[Split]:
+    """`steps` CPU batches in `batch_indices` order (same order for every optimizer).
+
+    Batches stay on the host: the loop moves one at a time to the device, so the run's data never sits in
+    device memory (or in the CUDA peak) all at once.
+    """
+    for index in batch_indices(rows(train), batch_size, steps, seed):
         yield take(train, index)
 
 
