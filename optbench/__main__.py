@@ -175,11 +175,14 @@ def build_parser() -> argparse.ArgumentParser:
         compare.add_argument(name, type=Path, help="results .jsonl, pytest-benchmark .json, or a folder of .json")
     compare.add_argument("--max-slowdown", type=_non_negative_float, metavar="PCT",
                          help="step or optimizer-step time growth allowed, in %% (default: the device's calibrated "
-                              "value, 50%% on CPU, 5%% on CUDA; docs/benchmarks.md)")
+                              "value, 25%% on CPU, 5%% on CUDA; docs/benchmarks.md)")
     compare.add_argument("--max-memory-growth", type=_non_negative_float, metavar="PCT",
                          help="peak-memory or state growth allowed, in %% (default: calibrated, 5%% CPU, 2%% CUDA)")
     compare.add_argument("--max-accuracy-drop", type=_non_negative_float, metavar="PTS",
                          help="eval-accuracy drop allowed, in percentage points (default 1.0)")
+    compare.add_argument("--min-peak-growth", type=_non_negative_float, metavar="MIB",
+                         help="a peak must also grow by more than this many MiB (default: 64 on CPU, its RSS "
+                              "jitter; 0 on CUDA)")
     compare.add_argument("--strict-env", action="store_true",
                          help="refuse (exit 2) runs whose environments differ (machine, versions, threads) "
                               "instead of warning in the table's header")
@@ -197,7 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
     nightly.add_argument("--out", type=Path, required=True, help="folder for this night's results and summary.md")
     nightly.add_argument("--optimizers", type=_name_list, help="a subset (default: the sweep's set, the whole suite)")
     nightly.add_argument("--workload", help="sweep workload instead of the preset's (e.g. tiny for a quick CPU night)")
-    for flag, unit in (("--max-slowdown", "PCT"), ("--max-memory-growth", "PCT"), ("--max-accuracy-drop", "PTS")):
+    for flag, unit in (("--max-slowdown", "PCT"), ("--max-memory-growth", "PCT"), ("--max-accuracy-drop", "PTS"),
+                       ("--min-peak-growth", "MIB")):
         nightly.add_argument(flag, type=_non_negative_float, metavar=unit,
                              help="override the device's calibrated threshold (docs/benchmarks.md)")
     nightly.add_argument("--strict-env", action="store_true",
@@ -520,7 +524,8 @@ def _compare(args: argparse.Namespace) -> int:
     calibrated = compare.calibrated_thresholds(runs["BASE"], runs["NEW"])
     limits = dataclasses.replace(calibrated, **{name: value for name, value in (
         ("max_slowdown_pct", args.max_slowdown), ("max_memory_growth_pct", args.max_memory_growth),
-        ("max_accuracy_drop_pts", args.max_accuracy_drop)) if value is not None})
+        ("max_accuracy_drop_pts", args.max_accuracy_drop), ("min_peak_growth_mib", args.min_peak_growth))
+        if value is not None})
     try:
         comparison = compare.compare(runs["BASE"], runs["NEW"], limits)
     except compare.CompareError as exc:
@@ -554,7 +559,7 @@ def _nightly(args: argparse.Namespace) -> int:
         except optimizers.UnknownOptimizerError as exc:
             raise UsageError(str(exc)) from None
     overrides = {"max_slowdown_pct": args.max_slowdown, "max_memory_growth_pct": args.max_memory_growth,
-                 "max_accuracy_drop_pts": args.max_accuracy_drop}
+                 "max_accuracy_drop_pts": args.max_accuracy_drop, "min_peak_growth_mib": args.min_peak_growth}
     limits = dataclasses.replace(nightly.thresholds_for(args.device),
                                  **{key: value for key, value in overrides.items() if value is not None})
     config = nightly.NightConfig(device=args.device, preset=args.preset, baseline=args.baseline, out=args.out,

@@ -82,12 +82,13 @@ class Thresholds:
 # From docs/benchmarks.md "Noise and thresholds". CPU: two back-to-back runs of one commit on the idle 2-core
 # box moved medians by up to ±23 % with the CI clear of zero (whole-run shifts a bootstrap over one run's
 # steps cannot see; the largest CI bound toward a slowdown was +14 %), so a CPU verdict needs its CI past
-# +25 %; peaks gate only beyond the ±16 MiB RSS jitter seen. On a loaded machine shifts reach +50 % to 15x:
+# +25 %; peaks gate only beyond the RSS jitter seen (±19 MiB between sweeps, +36 MiB in a CI night's
+# benchmark process). On a loaded machine shifts reach +50 % to 15x:
 # `busy_machine` says so in the header. GPU: a starting point for a dedicated runner (30-50 timed rounds),
 # to be tightened from its own back-to-back spread.
 DEFAULT_THRESHOLDS = {
     "cpu": Thresholds(max_slowdown_pct=25.0, max_memory_growth_pct=5.0, max_accuracy_drop_pts=1.0,
-                      min_peak_growth_mib=32.0),
+                      min_peak_growth_mib=64.0),
     "cuda": Thresholds(max_slowdown_pct=5.0, max_memory_growth_pct=2.0, max_accuracy_drop_pts=1.0),
 }
 
