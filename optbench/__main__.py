@@ -15,13 +15,16 @@ import sys
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from optbench import optimizers
 from optbench.engines import ENGINES
 from optbench.engines.parallel import MODES as PARALLEL_MODES
 from optbench.plan import PRECISIONS, PRESETS, STUDY_BUDGETS, StudyBudget, build_grid
 from optbench.runner import ResultsWriteError
+
+if TYPE_CHECKING:
+    from optbench.compare import Thresholds
 
 EXIT_USAGE = 2
 EXIT_REGRESSION = 1  # `compare` found a row beyond its thresholds
@@ -513,6 +516,13 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _with_overrides(limits: Thresholds, args: argparse.Namespace) -> Thresholds:
+    """The calibrated thresholds with the ones given on the command line (compare's and nightly's flags)."""
+    given = {"max_slowdown_pct": args.max_slowdown, "max_memory_growth_pct": args.max_memory_growth,
+             "max_accuracy_drop_pts": args.max_accuracy_drop, "min_peak_growth_mib": args.min_peak_growth}
+    return dataclasses.replace(limits, **{key: value for key, value in given.items() if value is not None})
+
+
 def _compare(args: argparse.Namespace) -> int:
     from optbench import compare
 
@@ -522,10 +532,7 @@ def _compare(args: argparse.Namespace) -> int:
         if not runs[role]:
             raise UsageError(f"no records in {role} {path}")
     calibrated = compare.calibrated_thresholds(runs["BASE"], runs["NEW"])
-    limits = dataclasses.replace(calibrated, **{name: value for name, value in (
-        ("max_slowdown_pct", args.max_slowdown), ("max_memory_growth_pct", args.max_memory_growth),
-        ("max_accuracy_drop_pts", args.max_accuracy_drop), ("min_peak_growth_mib", args.min_peak_growth))
-        if value is not None})
+    limits = _with_overrides(calibrated, args)
     try:
         comparison = compare.compare(runs["BASE"], runs["NEW"], limits)
     except compare.CompareError as exc:
@@ -548,7 +555,6 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def _nightly(args: argparse.Namespace) -> int:
-    import dataclasses
 
     from optbench import nightly
 
@@ -558,10 +564,7 @@ def _nightly(args: argparse.Namespace) -> int:
             names.append(optimizers.resolve(name).name)
         except optimizers.UnknownOptimizerError as exc:
             raise UsageError(str(exc)) from None
-    overrides = {"max_slowdown_pct": args.max_slowdown, "max_memory_growth_pct": args.max_memory_growth,
-                 "max_accuracy_drop_pts": args.max_accuracy_drop, "min_peak_growth_mib": args.min_peak_growth}
-    limits = dataclasses.replace(nightly.thresholds_for(args.device),
-                                 **{key: value for key, value in overrides.items() if value is not None})
+    limits = _with_overrides(nightly.thresholds_for(args.device), args)
     config = nightly.NightConfig(device=args.device, preset=args.preset, baseline=args.baseline, out=args.out,
                                  thresholds=limits, optimizers=tuple(dict.fromkeys(names)), workload=args.workload,
                                  strict_env=args.strict_env, accept=args.accept)

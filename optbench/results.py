@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import fcntl
+import functools
 import json
 import math
 import os
@@ -309,8 +310,9 @@ def _git_commit() -> str | None:
     return out.stdout.strip() or None if out.returncode == 0 else None
 
 
+@functools.cache
 def _cpuinfo() -> dict[str, str]:
-    """The first processor's fields of /proc/cpuinfo (empty off Linux)."""
+    """The first processor's fields of /proc/cpuinfo (empty off Linux), read once per process."""
     fields: dict[str, str] = {}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
