@@ -50,7 +50,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: dict) -> None:
-    from optbench.results import MACHINE_KEYS, environment
+    from optbench.environment import MACHINE_KEYS, environment
 
     env = environment()
     machine_info.update({key: env.get(key) for key in MACHINE_KEYS})

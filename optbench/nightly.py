@@ -119,7 +119,7 @@ def sweep_command(config: NightConfig, out: Path) -> list[str]:
 
 
 def _write_environment(out: Path) -> dict:
-    from optbench.results import environment
+    from optbench.environment import environment
 
     env = environment()
     (out / ENVIRONMENT_FILE).write_text(json.dumps(env, indent=2) + "\n", encoding="utf-8")

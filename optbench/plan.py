@@ -65,8 +65,10 @@ STUDY_BUDGETS: dict[str, StudyBudget] = {
 
 
 PRECISIONS = ("fp32", "bf16-autocast", "fp16-autocast", "bf16")  # see optbench/precision.py
+SCHEDULES = ("linear", "constant", "cosine", "wsd")  # see optbench/schedules.py; linear is HF Trainer's default
 _NOT_IN_ID = ("timeout_s", "max_memory_bytes")
-_LATER_FIELDS = ("stage", "val_fraction", "precision", "eval_every", "target", "engine", "parallel", "nproc")
+_LATER_FIELDS = ("stage", "val_fraction", "precision", "eval_every", "target", "engine", "parallel", "nproc",
+                 "workload_options", "resume_check")
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,10 @@ class TrialSpec:
     parallel: str = "none"  # none | ddp | zero1 | fsdp2
     nproc: int = 1  # processes (ranks) for a parallel mode
     max_memory_bytes: int | None = None  # cap on the trial child's address space (RLIMIT_AS); not in trial_id
+    # Schema 2. `schedule` is always in the id: schema-1 trials ran at a constant lr and must not pass for these.
+    schedule: str = "linear"  # lr after the warm-up: linear decay to 0 (HF Trainer's default), constant, cosine, wsd
+    workload_options: dict[str, Any] = field(default_factory=dict)  # the workload's parameters, e.g. hidden_size
+    resume_check: bool = False  # save at the middle step, resume in fresh objects, compare (optbench/resume.py)
 
     @property
     def trial_id(self) -> str:

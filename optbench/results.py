@@ -1,9 +1,14 @@
-"""The results record, its JSON Lines store and the environment stamp every record carries.
+"""The results record and its JSON Lines store.
 
 One `Record` per trial; its fields *are* the schema (units in the names). The store appends one line
 per finished trial under a file lock and fsyncs it, so killing a sweep loses at most the trials in
 flight and concurrent writers never interleave; the reader skips torn or corrupt lines with a warning
 instead of failing the whole file.
+
+Schema 2 (this version) added the lr `schedule` (schema-1 records trained at a constant lr after the
+warm-up, and read back as `constant`), `workload_options` (schema 1 named a tiny BERT's width in the
+workload, `tiny-w128`; it reads back as workload `tiny` with `{"hidden_size": 128}`) and the `job_key`
+every reader groups by.
 """
 
 from __future__ import annotations
@@ -11,31 +16,31 @@ from __future__ import annotations
 import dataclasses
 import errno
 import fcntl
-import functools
 import json
 import math
 import os
-import platform
-import subprocess
-import sys
 import warnings
-from collections.abc import Iterable
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 1
+from optbench.environment import MACHINE_KEYS
+
+SCHEMA_VERSION = 2
 MIB = 2**20
 GIB = 2**30
 REFERENCE_OPTIMIZER = "adamw"  # what every table, paired difference and "% of" column compares against
-# Environment-stamp keys that change what a number means: the benchmarks add them to pytest-benchmark's
-# machine_info (which has the CPU already), and `compare` warns when two runs differ in any of them.
-# What makes two runs' numbers comparable: hardware (the CPU's family/model/stepping and the kernel set torch
-# dispatches to, which changes floating-point results), libraries and threads.
-MACHINE_KEYS = ("gpu", "cuda", "cpu_model", "cpu_capability", "torch", "transformers", "datasets", "bitsandbytes",
-                "torchao", "torch_threads")
 STATUSES = ("ok", "oom", "diverged", "error", "timeout", "skipped")
+FAILURES = ("error", "timeout")  # a harness or library failure (exit 3); oom, diverged and skipped are results
+# What one job is: every setting that changes what its numbers mean except the optimizer, its lr and the
+# seed. Report, compare, study and the side-by-side table group by it (`job_key`), never by a label.
+JOB_KEY_FIELDS = ("workload", "workload_options", "model", "dataset", "device", "steps", "warmup_steps", "batch_size",
+                  "seq_len", "eval_size", "precision", "schedule", "engine", "parallel", "world_size", "fidelity",
+                  "resume_check")
+
+__all__ = ["FAILURES", "GIB", "JOB_KEY_FIELDS", "MACHINE_KEYS", "MIB", "REFERENCE_OPTIMIZER", "SCHEMA_VERSION",
+           "STATUSES", "Record", "ResultsFileError", "append_record", "check_writable", "completed_trial_ids",
+           "job_key", "job_label", "read_records", "split_peak_memory"]
 
 
 @dataclass
@@ -50,17 +55,21 @@ class Record:
     optimizer_kwargs: dict[str, Any] = field(default_factory=dict)
     state_precision: str = ""
     workload: str = ""
+    workload_options: dict[str, Any] = field(default_factory=dict)  # e.g. the tiny BERT's {"hidden_size": 128}
     model: str = ""
     dataset: str = ""
     seed: int = 0
     device: str = ""
     device_name: str = ""
+    job_key: dict[str, Any] = field(default_factory=dict)  # results.job_key(): what report and compare group by
     # the job
     steps: int = 0
     warmup_steps: int = 0
     batch_size: int = 0
     seq_len: int = 0
+    eval_size: int = 0
     lr: float = 0.0
+    schedule: str = "linear"  # lr after the warm-up: constant | linear | cosine | wsd (optbench/schedules.py)
     # model side
     num_params: int | None = None
     weights_bytes: int | None = None
@@ -72,6 +81,8 @@ class Record:
     state_bytes: int | None = None
     state_bytes_per_param: float | None = None
     state_bytes_by_key: dict[str, int] = field(default_factory=dict)
+    # per module kind: embeddings, attention, mlp, norms/biases, head (optbench/statemap.py)
+    state_bytes_by_module: dict[str, int] = field(default_factory=dict)
     analytic_state_bytes: int | None = None
     analytic_state_bytes_per_param: float | None = None
     # memory
@@ -79,14 +90,20 @@ class Record:
     peak_cuda_reserved_bytes: int | None = None
     peak_rss_bytes: int | None = None
     peak_rss_growth_bytes: int | None = None
-    # RSS over the baseline right after the last optimizer step: what training holds (grads + state),
-    # without the transient peak inside step() (bitsandbytes' CPU kernel dequantises to fp32 there)
+    # Device memory allocated outside torch's allocator (bitsandbytes' paged state lives in CUDA unified
+    # memory): the growth of used device memory (torch.cuda.mem_get_info) over the window; None off CUDA.
+    peak_device_used_growth_bytes: int | None = None
+    # RSS over the baseline right after the last optimizer step: what training holds between steps
+    # (grads + state + what the allocator keeps), without the transient peak inside step()
     rss_growth_after_step_bytes: int | None = None
+    # held (above) minus grads and state: allocator-cached activation and temporary buffers still resident
+    held_other_bytes: int | None = None
     # Peak split into parts. peak_memory_bytes is the CUDA allocator peak, or on CPU weights + peak RSS
     # growth (the post-setup baseline already holds the weights, so growth alone would miss them).
     # other_peak_bytes = peak - weights - grads - state: activations, temporaries, allocator slack.
     peak_memory_bytes: int | None = None
     other_peak_bytes: int | None = None
+    predicted_peak_bytes: int | None = None  # optbench.predict's figure for peak_memory_bytes, before training
     # time
     first_step_s: float | None = None
     step_time_median_s: float | None = None
@@ -102,15 +119,15 @@ class Record:
     # update fidelity (`run --fidelity`): the optimizer's parameter update u against an fp32 AdamW's u_ref
     # from the same parameters and gradients, per step; medians skip steps where u_ref was zero.
     # A fidelity trial also holds the shadow AdamW (params + two moments) and a parameter snapshot, so its
-    # peak memory is inflated: `fidelity` marks such records for the report.
+    # peak memory is inflated: `fidelity` marks such records, and they are a job of their own.
     fidelity: bool = False
     update_cosine_median: float | None = None
     update_rel_error_median: float | None = None
     update_cosine_curve: list[float | None] = field(default_factory=list)
     update_rel_error_curve: list[float | None] = field(default_factory=list)
-    # how it ran (engine x parallel mode x precision); see DESIGN.md "Growing the design"
+    # how it ran (engine x parallel mode x precision)
     pretrained: bool | None = None  # False: the model started from random init (training from scratch)
-    stage: str | None = None  # "tune" (scored on the validation split) | "final" | None (plain `run`)
+    stage: str | None = None  # "tune" (an lr-grid trial of a study) | "final" | None (plain `run`)
     engine: str = "native"  # native | trainer | accelerate
     parallel: str = "none"  # none | ddp | zero1 | fsdp2
     world_size: int = 1
@@ -120,27 +137,43 @@ class Record:
     autocast_dtype: str | None = None
     # optimizer-side measurements beyond bytes
     fp32_state_fraction: float | None = None  # share of parameters whose state stays full precision
+    optimizer_impl: str | None = None  # what torch ran: fused | foreach | per-tensor loop (None: not torch's)
     optimizer_step_traffic_bytes: int | None = None  # bytes one step must read + write (analytic)
-    device_copy_bandwidth_bytes_per_s: float | None = None  # measured once per trial, large tensor copy
-    roofline_fraction: float | None = None  # traffic / optimizer-step median / copy bandwidth
+    # The device's memory bandwidth as an in-place triad kernel sees it (a += s * b over buffers far larger than
+    # the last-level cache, bytes counted as the step's are), sampled before, during and after training.
+    device_bandwidth_bytes_per_s: float | None = None  # median of the samples
+    device_bandwidth_iqr_bytes_per_s: float | None = None
+    device_copy_bandwidth_bytes_per_s: float | None = None  # schema 1's ceiling (one copy_): read, never written
+    roofline_fraction: float | None = None  # traffic / optimizer-step median / device bandwidth; > 1: bad ceiling
     paged: bool | None = None  # None: not a paged optimizer; False: asked for paging, fell back (why in paged_reason)
     paged_reason: str | None = None
     # per-step samples after warm-up (seconds), so `compare` can test against the distribution
     step_time_samples_s: list[float] = field(default_factory=list)
     optimizer_step_samples_s: list[float] = field(default_factory=list)
     # workload metrics: eval_metrics on the eval split; val_metrics on the validation split carved from
-    # the training data (tune stage). target_metric names the workload's headline metric in those dicts,
+    # the training data (study trials). target_metric names the workload's headline metric in those dicts,
     # target_mode says whether larger ("max") or smaller ("min") is better.
     eval_metrics: dict[str, float] = field(default_factory=dict)
     val_metrics: dict[str, float] = field(default_factory=dict)
     val_metric: float | None = None  # val_metrics[target_metric]
     val_accuracy: float | None = None  # val_metrics["accuracy"] where the workload has one
+    val_rows: int | None = None  # rows of the validation split: its binomial noise sets the study's near-tie band
     target_metric: str = "accuracy"
     target_mode: str = "max"
     eval_curve: list[list[float]] = field(default_factory=list)  # [step, training seconds, target metric]
     target_value: float | None = None  # the threshold time-to-target was measured against
     steps_to_target: int | None = None
     time_to_target_s: float | None = None
+    # checkpoint and resume (`--resume-check`): save at the middle step, load into fresh objects, finish,
+    # and compare with the uninterrupted run of the same seed and batches
+    resume_check: bool = False
+    checkpoint_bytes: int | None = None  # on disk
+    checkpoint_save_s: float | None = None
+    checkpoint_load_s: float | None = None
+    resume_max_abs_param_diff: float | None = None
+    resume_final_loss_diff: float | None = None
+    resume_status: str | None = None  # exact | close | diverged | error: <library message>
+    resume_note: str | None = None  # e.g. "optimizer.eval() before saving (schedule-free)"
     # bookkeeping
     startup_s: float | None = None  # trial launch to the child's first line of real work (imports, fork)
     wall_s: float | None = None
@@ -153,9 +186,50 @@ class Record:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Record:
-        """Read a record, keeping unknown (newer) fields out and filling missing (older) ones."""
+        """Read a record of any schema: unknown (newer) fields are left out, missing (older) ones filled,
+        schema-1 meanings translated (see the module docstring), and the job key derived when absent."""
         names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+        data = _upgrade(dict(data))
+        record = cls(**{k: v for k, v in data.items() if k in names})
+        if "job_key" not in data:  # a schema-1 record: its key from its fields
+            record.job_key = job_key(record)
+        return record
+
+
+def _upgrade(data: dict[str, Any]) -> dict[str, Any]:
+    """Schema 1 -> 2: a constant lr after warm-up, and the tiny BERT's width out of the workload name."""
+    if int(data.get("schema_version") or 1) >= 2:
+        return data
+    data.setdefault("schedule", "constant")
+    workload = str(data.get("workload") or "")
+    if workload.startswith("tiny-w") and workload[6:].isdigit():
+        data["workload"], data["workload_options"] = "tiny", {"hidden_size": int(workload[6:])}
+    return data
+
+
+def job_key(record: Record) -> dict[str, Any]:
+    """The job a record belongs to (JOB_KEY_FIELDS); the device by its type, so cuda:0 and cuda:1 are one job."""
+    key = {name: getattr(record, name) for name in JOB_KEY_FIELDS}
+    key["device"] = str(record.device).split(":")[0]
+    return key
+
+
+def job_label(key: dict[str, Any]) -> str:
+    """The job in words, for headings: model, data, device, size, then whatever differs from the defaults."""
+    options = "".join(f", {name} {value}" for name, value in sorted((key.get("workload_options") or {}).items()))
+    parts = [f"{key.get('model')}{options} on {key.get('dataset')}, {key.get('device')}, {key.get('steps')} steps x "
+             f"batch {key.get('batch_size')} x seq {key.get('seq_len')}, {key.get('schedule')} lr"]
+    if key.get("precision") not in (None, "fp32"):
+        parts.append(f"{key['precision']} weights")
+    if key.get("engine") not in (None, "native"):
+        parts.append(f"{key['engine']} engine")
+    if key.get("parallel") not in (None, "none"):
+        parts.append(f"{key['parallel']} x{key.get('world_size') or 1}")
+    if key.get("resume_check"):
+        parts.append("resume check")
+    if key.get("fidelity"):
+        parts.append("+ fidelity probe")
+    return ", ".join(parts)
 
 
 def split_peak_memory(record: Record) -> None:
@@ -290,77 +364,3 @@ def check_writable(path: Path) -> None:
         pass
     if not existed:
         path.unlink()
-
-
-def _version(package: str) -> str | None:
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def _git_commit() -> str | None:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-            cwd=Path(__file__).resolve().parent,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
-
-
-@functools.cache
-def _cpuinfo() -> dict[str, str]:
-    """The first processor's fields of /proc/cpuinfo (empty off Linux), read once per process."""
-    fields: dict[str, str] = {}
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if not line.strip():
-                break
-            key, _, value = line.partition(":")
-            fields[key.strip()] = value.strip()
-    except OSError:
-        pass
-    return fields
-
-
-def cpu_name() -> str:
-    return _cpuinfo().get("model name") or platform.processor() or platform.machine()
-
-
-def cpu_model() -> str | None:
-    """Family, model and stepping: virtual machines often show every EPYC or Xeon under one bare brand name,
-    while these numbers still tell one CPU generation from another."""
-    info = _cpuinfo()
-    if "cpu family" not in info:
-        return None
-    return f"family {info['cpu family']} model {info.get('model', '?')} stepping {info.get('stepping', '?')}"
-
-
-def load_average_1m() -> float | None:
-    """The 1-minute load average when the stamp was taken: above the core count, neighbours shared the CPUs
-    and every time measured then carries their work."""
-    try:
-        return round(os.getloadavg()[0], 2)
-    except (OSError, AttributeError):
-        return None
-
-
-def environment(packages: Iterable[str] = ("torch", "transformers", "datasets", "bitsandbytes",
-                                          "torchao", "optbench")) -> dict[str, Any]:
-    """Library versions, hardware and git commit: what a reader needs to trust or reproduce a number."""
-    import torch
-
-    env: dict[str, Any] = {"python": sys.version.split()[0], "platform": platform.platform()}
-    env.update({name: _version(name) for name in packages})
-    env["cuda"] = torch.version.cuda
-    env["cpu"] = cpu_name()
-    env["cpu_model"] = cpu_model()
-    env["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
-    env["cpu_count"] = os.cpu_count()
-    env["load_avg_1m"] = load_average_1m()
-    env["torch_threads"] = torch.get_num_threads()
-    env["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    env["git_commit"] = _git_commit()
-    return env

@@ -25,10 +25,11 @@ from typing import Any
 import torch
 
 from optbench import measure
+from optbench.environment import cpu_name, environment
 from optbench.optimizers import OptimizerSpec, resolve
 from optbench.plan import TrialSpec
 from optbench.precision import Precision, dtype_name, parse_precision
-from optbench.results import Record, cpu_name, environment, split_peak_memory
+from optbench.results import Record, split_peak_memory
 
 DIVERGENCE_FACTOR = 3.0  # final loss this many times the first loss (or the chance loss) → diverged
 EVAL_CURVE_ROWS = 256  # the fixed subset `--eval-every` evaluates: enough for a curve, cheap enough to repeat

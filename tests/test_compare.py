@@ -278,7 +278,7 @@ def test_the_cpu_generation_and_kernel_set_are_compared():
 
 
 def test_this_machine_stamps_its_cpu_generation_and_load():
-    from optbench.results import environment
+    from optbench.environment import environment
 
     env = environment()
     assert env["cpu_capability"] and isinstance(env["load_avg_1m"], float)

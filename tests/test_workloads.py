@@ -53,7 +53,20 @@ def test_a_toy_workload_registered_from_one_file_runs_a_trial(monkeypatch):
 def test_unknown_workload_names_the_known_ones():
     with pytest.raises(workloads.WorkloadError, match="known: minilm, tiny, custom, lm"):
         workloads.get_workload("huge")
-    assert workloads.get_workload("tiny-w128") is workloads.get_workload("tiny")
+    with pytest.raises(workloads.WorkloadError, match="no option depth; its options: hidden_size"):
+        workloads.get_workload("tiny").check(TrialSpec(optimizer="adamw", workload="tiny",
+                                                       workload_options={"depth": 3}))
+    with pytest.raises(workloads.WorkloadError, match="multiple of 32"):
+        workloads.get_workload("tiny").check(TrialSpec(optimizer="adamw", workload="tiny",
+                                                       workload_options={"hidden_size": 48}))
+
+
+def test_schema_1_width_in_the_name_reads_back_as_an_option():
+    from optbench.results import Record
+
+    record = Record.from_dict({"schema_version": 1, "trial_id": "t", "optimizer": "adamw", "workload": "tiny-w128"})
+    assert (record.workload, record.workload_options, record.schedule) == ("tiny", {"hidden_size": 128}, "constant")
+    assert record.job_key["workload_options"] == {"hidden_size": 128}
 
 
 def test_causal_lm_trial_reports_perplexity_and_learns():

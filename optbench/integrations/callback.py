@@ -117,7 +117,8 @@ class OptbenchCallback(TrainerCallback):
     def finish(self, args, state, model, optimizer) -> Record:
         """Fill the record from a finished run: settings, sizes, state, peaks, speed, environment, status."""
         from optbench import measure
-        from optbench.results import environment, split_peak_memory
+        from optbench.environment import environment
+        from optbench.results import split_peak_memory
         from optbench.trial import describe_speed
 
         record = self.record

@@ -1,8 +1,9 @@
 """The workload registry: a name → the workload a trial trains (one file per workload beside this one).
 
 Adding a workload is one file defining a `Workload` subclass plus one line in `WORKLOADS`; nothing else
-in optbench branches on a workload's name. `tiny-wN` names the tiny BERT at hidden width N (the scaling
-sweep); `--model` with no `--workload` is a classification fine-tune of that model.
+in optbench branches on a workload's name. A workload's parameters (the tiny BERT's `hidden_size`, which
+the scaling sweep varies) travel in `TrialSpec.workload_options`, never in its name; `--model` with no
+`--workload` is a classification fine-tune of that model.
 """
 
 from __future__ import annotations
@@ -32,18 +33,18 @@ __all__ = ["OFFLINE_MODEL_HINT", "WORKLOADS", "Built", "Split", "Workload", "Wor
 WORKLOADS: dict[str, Workload] = {
     "minilm": Classification("minilm", pretrained=True,
                              description="pretrained all-MiniLM-L6-v2 BERT, 3-class review sentiment (default)"),
-    "tiny": Classification("tiny", pretrained=False, description="2-layer random-init BERT (tests; tiny-wN: width N)"),
+    "tiny": Classification("tiny", pretrained=False, options={"hidden_size": "hidden width (default 64)"},
+                           description="2-layer random-init BERT (tests, the scaling sweep)"),
     "custom": Classification("custom", pretrained=True, description="--model as a sequence classifier"),
     "lm": CausalLM(),
 }
 
 
 def get_workload(name: str) -> Workload:
-    """The registered workload; `tiny-wN` shares the tiny one. Unknown names list the known ones."""
-    base = "tiny" if name.startswith("tiny-w") else name
-    if base not in WORKLOADS:
-        raise WorkloadError(f"unknown workload '{name}'; known: {', '.join(WORKLOADS)} (or tiny-wN)")
-    return WORKLOADS[base]
+    """The registered workload. Unknown names list the known ones."""
+    if name not in WORKLOADS:
+        raise WorkloadError(f"unknown workload '{name}'; known: {', '.join(WORKLOADS)}")
+    return WORKLOADS[name]
 
 
 def default_lr(spec: TrialSpec, entry: OptimizerSpec) -> float:

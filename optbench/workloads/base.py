@@ -52,6 +52,7 @@ class Workload:
     target_metric: str = "accuracy"
     target_mode: str = "max"  # "max": larger is better; "min": smaller is better
     description: str = ""
+    options: dict[str, str] = {}  # the parameters `TrialSpec.workload_options` may set, with what each means
 
     def model_name(self, spec: TrialSpec) -> str:
         """The model's name in records, known before building (a trial that fails early still groups
@@ -65,8 +66,15 @@ class Workload:
         """Factor on the registry's fine-tuning lr (a model trained from scratch wants larger steps)."""
         return 1.0
 
+    def check_options(self, spec: TrialSpec) -> None:
+        unknown = sorted(set(spec.workload_options) - set(self.options))
+        if unknown:
+            known = ", ".join(f"{k} ({v})" for k, v in self.options.items()) or "none"
+            raise WorkloadError(f"workload {self.name} has no option {', '.join(unknown)}; its options: {known}")
+
     def check(self, spec: TrialSpec) -> None:
         """Fail fast in the parent process (before any trial is spawned) on input that cannot work."""
+        self.check_options(spec)
 
     def build(self, spec: TrialSpec) -> Built:
         raise NotImplementedError

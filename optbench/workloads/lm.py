@@ -88,6 +88,7 @@ class CausalLM(Workload):
         return train["text"], held_out["text"], spec.dataset
 
     def check(self, spec: TrialSpec) -> None:
+        self.check_options(spec)
         self._texts(spec)
         if spec.model:
             check_model(spec.model)
