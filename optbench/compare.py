@@ -1,65 +1,45 @@
 """Compare two runs, per job and optimizer: what changed, and whether the change is real and too large.
 
-Both runs go through report.summarize (means over seeds, failed trials kept), so a comparison shows
-exactly the numbers the report shows. On top of the means, each metric gets the test that fits its
-noise, and a row regresses only when the change is both beyond its threshold and statistically
+Both runs go through summary.summarize (means over seeds, failed trials kept), so a comparison shows exactly
+the numbers the report shows. Every metric of the metric table with a gate check is tested the way its noise
+calls for, and a row regresses only when the change is both beyond its threshold and statistically
 significant — the 95 % confidence interval of the change lies wholly beyond the threshold:
 
-- times (step, optimizer step): the ratio NEW / BASE of the medians of the per-step samples (all
-  seeds pooled), with a percentile bootstrap CI (fixed seed, so a comparison is reproducible). A CI
-  that contains 1 is shown as "within noise". Records without samples (older files) fall back to the
-  plain threshold on the medians, and the cell says so.
-- accuracy: a paired test over the seeds both runs share (mean difference, Student-t 95 % CI). With a
-  single shared seed there is nothing to pair: plain threshold.
-- memory and state bytes: plain threshold. State bytes are exact and a CUDA peak is repeatable, so any
-  change beyond the threshold is real; a CPU peak (RSS) moves by pages and arenas, so a peak must also
-  grow by more than `min_peak_growth_mib` (0 by default; the nightly sets it on CPU).
+- time (step, optimizer step): the ratio NEW / BASE of the medians of the per-step samples (all seeds
+  pooled), with a percentile bootstrap CI (stats.bootstrap_ratio_of_medians, fixed seed). A CI that contains
+  1 is shown as "within noise". Records without samples fall back to the plain threshold on the medians.
+- quality (the job's target metric): paired over the seeds both runs share (stats.paired_verdict, the margin
+  being the threshold, so the cell reads in the report's verdict words). Accuracy-like metrics (in [0, 1])
+  regress on a drop beyond `max_accuracy_drop_pts` points; perplexity, loss and the like on a relative
+  worsening beyond `max_metric_worsening_pct` %. One shared seed: plain threshold.
+- memory (peak, state bytes): plain threshold. State bytes are exact and a CUDA peak is repeatable, so any
+  change beyond the threshold is real; a CPU peak (RSS) moves by pages and arenas, so a peak must also grow by
+  more than `min_peak_growth_mib` (0 by default; the nightly sets it on CPU).
 
-A row also regresses when it was `ok` in BASE and is failed or missing in NEW. A row new in NEW is
-reported, never a regression. `environment_differences` compares the two runs' stamps (machine,
-library versions, threads): numbers from unlike machines are not a comparison, so the table says so.
+A row also regresses when it was `ok` in BASE and is failed or missing in NEW. A row new in NEW is reported,
+never a regression. `environment_differences` compares the two runs' stamps (machine, library versions,
+threads): numbers from unlike machines are not a comparison, so the table says so.
 
-`export_github_benchmark` writes NEW's numbers in github-action-benchmark's custom format: one file
-of times and memory (`customSmallerIsBetter`) and, next to it with `-accuracy` added to the name,
-one of accuracy (`customBiggerIsBetter`).
+`export_github_benchmark` writes NEW's numbers in github-action-benchmark's custom format: one file of what
+is better smaller (times, memory, perplexity: `customSmallerIsBetter`) and, next to it with `-accuracy` added to
+the name, one of what is better bigger (accuracy: `customBiggerIsBetter`).
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
-from optbench.report import summarize, trials_frame
+from optbench import metrics, stats
+from optbench.metrics import MEMORY, QUALITY, TIME, Metric
 from optbench.results import MACHINE_KEYS, Record
+from optbench.summary import per_seed, summarize, trials_frame
 
-
-@dataclass(frozen=True)
-class Metric:
-    column: str  # in report.summarize's frame
-    label: str
-    unit: str
-    check: str  # "time" | "memory" | "accuracy": which threshold (and which test) applies
-    decimals: int
-    samples: str | None = None  # time metrics: the Record field holding the per-step samples
-
-
-METRICS = (
-    Metric("step_ms", "step time", "ms", "time", 1, "step_time_samples_s"),
-    Metric("opt_step_ms", "optimizer step", "ms", "time", 1, "optimizer_step_samples_s"),
-    Metric("train_mem_mib", "peak memory", "MiB", "memory", 0),
-    Metric("state_mib", "state", "MiB", "memory", 2),
-    Metric("eval_accuracy", "eval accuracy", "%", "accuracy", 1),
-)
-
-CONFIDENCE = 0.95
-BOOTSTRAP_RESAMPLES = 2000  # the CI bounds move by < 0.5 % between rng seeds at this count
-BOOTSTRAP_SEED = 0
 MIN_SAMPLES = 3  # per run; fewer and a bootstrap only re-draws the same one or two numbers
 # Environment keys that change what a number means: (where, key). "record" is a Record field, "env" its stamp.
 ENV_KEYS = (("record", "device_name"), ("env", "cpu"), ("env", "cpu_count"), *(("env", key) for key in MACHINE_KEYS))
@@ -73,7 +53,8 @@ class CompareError(ValueError):
 class Thresholds:
     max_slowdown_pct: float = 10.0
     max_memory_growth_pct: float = 5.0
-    max_accuracy_drop_pts: float = 1.0
+    max_accuracy_drop_pts: float = 1.0  # a target metric in [0, 1] (accuracy, F1): a drop in points
+    max_metric_worsening_pct: float = 2.0  # any other target metric (perplexity, loss): worse by this % of BASE
     # Peak memory must also grow by more than this many MiB: CPU peaks are RSS, which moves by pages and
     # malloc arenas (±16 MiB between back-to-back runs here), a lot of percent on a tiny model's 15 MiB.
     min_peak_growth_mib: float = 0.0
@@ -95,15 +76,24 @@ DEFAULT_THRESHOLDS = {
 
 @dataclass(frozen=True)
 class Change:
-    """One metric's change for one row: percent (times, memory) or points (accuracy), with its 95 % CI.
-
-    `low`/`high` are None when no test was possible (no samples, one seed, memory): threshold only.
-    """
+    """One metric's change for one row, NEW vs BASE as the metric moves: % for times, memory and relative
+    quality, points for a quality metric in [0, 1]; with its 95 % CI (`low`/`high` None: threshold only)."""
 
     delta: float
     low: float | None = None
     high: float | None = None
     test: str = "threshold"  # "bootstrap" | "paired-t" | "threshold"
+    unit: str = "%"
+    verdict: str | None = None  # quality, paired: the verdict words against the threshold as margin
+
+
+@dataclass(frozen=True)
+class Row:
+    """What a metric's test needs to know about one (job, optimizer) beyond its numbers."""
+
+    target_metric: str = "accuracy"
+    target_mode: str = "max"
+    scale: str = stats.POINTS
 
 
 @dataclass
@@ -115,60 +105,13 @@ class Comparison:
     busy: list[str] = field(default_factory=list)  # runs timed on an oversubscribed machine
 
 
-def bootstrap_ratio_of_medians(base: Iterable[float], new: Iterable[float], resamples: int = BOOTSTRAP_RESAMPLES,
-                               seed: int = BOOTSTRAP_SEED) -> tuple[float, float, float]:
-    """median(new) / median(base) and its percentile-bootstrap CI, each run resampled on its own.
-
-    Medians, because a shared machine throws in the odd slow step; a ratio, because "30 % slower" is
-    what a threshold speaks of. Resampling each run independently assumes steps are exchangeable
-    within a run, which warm-up exclusion is there to make true.
-    """
-    b, n = np.asarray(list(base), dtype=float), np.asarray(list(new), dtype=float)
-    rng = np.random.default_rng(seed)
-    base_medians = np.median(b[rng.integers(0, b.size, (resamples, b.size))], axis=1)
-    new_medians = np.median(n[rng.integers(0, n.size, (resamples, n.size))], axis=1)
-    tail = 100 * (1 - CONFIDENCE) / 2
-    low, high = np.percentile(new_medians / base_medians, [tail, 100 - tail])
-    return float(np.median(n) / np.median(b)), float(low), float(high)
-
-
-# Two-sided 97.5 % quantiles of Student's t for 1..30 degrees of freedom (standard table values).
-_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
-         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
-         2.045, 2.042)
-
-
-def _t975(dof: int) -> float:
-    """Student-t 97.5 % quantile: the table up to 30 dof, then the Cornish-Fisher expansion (error < 1e-3)."""
-    if dof <= len(_T975):
-        return _T975[dof - 1]
-    z = 1.959964
-    return z + (z**3 + z) / (4 * dof) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * dof**2)
-
-
-def paired_mean_difference_ci(base: dict[int, float], new: dict[int, float]) -> tuple[float, float, float, int]:
-    """Mean of new - base over the shared seeds, its Student-t 95 % CI, and how many seeds were paired.
-
-    Pairing by seed removes the seed's own luck (data order, init) from the comparison. With one shared
-    seed the CI is (nan, nan): nothing to estimate a spread from.
-    """
-    diffs = np.asarray([new[seed] - base[seed] for seed in sorted(set(base) & set(new))], dtype=float)
-    if diffs.size == 0:
-        raise ValueError("no shared seeds to pair")
-    mean = float(diffs.mean())
-    if diffs.size < 2:
-        return mean, math.nan, math.nan, 1
-    half = _t975(diffs.size - 1) * float(diffs.std(ddof=1)) / math.sqrt(diffs.size)
-    return mean, mean - half, mean + half, int(diffs.size)
-
-
 def _value(row: pd.Series | None, column: str) -> float | None:
     if row is None or column not in row or pd.isna(row[column]):
         return None
     return float(row[column])
 
 
-Pair = tuple[str, str]  # (job, optimizer)
+Pair = tuple[str, str]  # (job_id, optimizer)
 
 
 def _pooled_samples(trials: pd.DataFrame | None, metric: Metric) -> list[float]:
@@ -177,57 +120,66 @@ def _pooled_samples(trials: pd.DataFrame | None, metric: Metric) -> list[float]:
     return [float(v) for samples in trials[metric.samples] if isinstance(samples, list) for v in samples]
 
 
-def _per_seed(trials: pd.DataFrame | None, column: str) -> dict[int, float]:
-    if trials is None or column not in trials:
-        return {}
-    return {int(seed): float(value) for seed, value in zip(trials["seed"], trials[column], strict=True)
-            if pd.notna(value)}
+def _quality_change(before: float, after: float, base_trials: pd.DataFrame | None, new_trials: pd.DataFrame | None,
+                    row: Row, limits: Thresholds) -> Change | None:
+    """Paired over shared seeds with the verdict words (margin = the threshold); else the plain difference."""
+    margin = limits.max_accuracy_drop_pts if row.scale == stats.POINTS else limits.max_metric_worsening_pct
+    sign, unit = (1.0 if row.target_mode == "max" else -1.0), stats.UNIT[row.scale]
+    if base_trials is not None and new_trials is not None:
+        found = stats.paired_verdict(per_seed(new_trials, new_trials["optimizer"].iloc[0]),
+                                     per_seed(base_trials, base_trials["optimizer"].iloc[0]),
+                                     row.target_mode, margin, row.scale)
+        if found is not None and found.difference.half_width is not None:
+            ends = sorted(sign * bound for bound in (found.difference.low, found.difference.high))  # type: ignore
+            return Change(sign * found.difference.mean, ends[0], ends[1], "paired-t", unit, found.text)
+    if row.scale == stats.POINTS:
+        return Change(100 * (after - before), unit=unit)
+    return Change(100 * (after / before - 1), unit=unit) if before else None
 
 
-def measure_change(metric: Metric, before: float | None, after: float | None,
-                   base_trials: pd.DataFrame | None, new_trials: pd.DataFrame | None) -> Change | None:
+def measure_change(metric: Metric, before: float | None, after: float | None, base_trials: pd.DataFrame | None,
+                   new_trials: pd.DataFrame | None, row: Row = Row(), limits: Thresholds = Thresholds()
+                   ) -> Change | None:
     """The change of one metric for one row, tested the way its noise calls for (see the module doc)."""
     if before is None or after is None:
         return None
-    if metric.check == "time":
+    if metric.gate == QUALITY:
+        return _quality_change(before, after, base_trials, new_trials, row, limits)
+    if metric.gate == TIME:
         base_samples, new_samples = _pooled_samples(base_trials, metric), _pooled_samples(new_trials, metric)
         if min(len(base_samples), len(new_samples)) >= MIN_SAMPLES and min(base_samples) > 0:
-            ratio, low, high = bootstrap_ratio_of_medians(base_samples, new_samples)
+            ratio, low, high = stats.bootstrap_ratio_of_medians(base_samples, new_samples)
             return Change(100 * (ratio - 1), 100 * (low - 1), 100 * (high - 1), "bootstrap")
-    if metric.check == "accuracy":
-        base_seeds, new_seeds = _per_seed(base_trials, metric.column), _per_seed(new_trials, metric.column)
-        if len(set(base_seeds) & set(new_seeds)) >= 2:
-            mean, low, high, _ = paired_mean_difference_ci(base_seeds, new_seeds)
-            return Change(100 * mean, 100 * low, 100 * high, "paired-t")
-        return Change(100 * (after - before))
     return Change(100 * (after / before - 1)) if before > 0 else None
 
 
-def _limit(metric: Metric, limits: Thresholds) -> float:
-    """The threshold as a signed change: + percent for times and memory, - points for accuracy."""
-    return {"time": limits.max_slowdown_pct, "memory": limits.max_memory_growth_pct,
-            "accuracy": -limits.max_accuracy_drop_pts}[metric.check]
+def _limit(metric: Metric, limits: Thresholds, row: Row) -> tuple[float, float]:
+    """(threshold, worse): the allowed change as a positive size, and +1 when worse means larger, -1 smaller."""
+    if metric.gate == TIME:
+        return limits.max_slowdown_pct, 1.0
+    if metric.gate == MEMORY:
+        return limits.max_memory_growth_pct, 1.0
+    margin = limits.max_accuracy_drop_pts if row.scale == stats.POINTS else limits.max_metric_worsening_pct
+    return margin, (-1.0 if row.target_mode == "max" else 1.0)
 
 
-def crossed(metric: Metric, change: Change | None, limits: Thresholds, growth: float | None = None) -> str | None:
-    """The regression message, or None. With a CI, its bound nearest no-change must clear the threshold:
-    the gate fires only when it is 95 % sure the change is worse than the threshold allows. `growth` is
-    NEW - BASE in the metric's unit, for the peak-memory floor."""
+def crossed(metric: Metric, change: Change | None, limits: Thresholds, growth: float | None = None,
+            row: Row = Row()) -> str | None:
+    """The regression message, or None. With a CI, its bound nearest no-change must clear the threshold: the
+    gate fires only when it is 95 % sure the change is worse than the threshold allows (for quality that is
+    the verdict "worse by at least" the threshold). `growth` is NEW - BASE in MiB, for the peak-memory floor."""
     if change is None:
         return None
-    if metric.column == "train_mem_mib" and growth is not None and growth <= limits.min_peak_growth_mib:
+    if metric.peak_floor and growth is not None and growth <= limits.min_peak_growth_mib:
         return None
-    limit = _limit(metric, limits)
-    unit = "pts" if metric.check == "accuracy" else "%"
-    if metric.check == "accuracy":  # a drop: the CI's upper bound must lie below -limit
-        fired = (change.delta if change.high is None else change.high) < limit
-    else:  # growth: the CI's lower bound must lie above +limit
-        fired = (change.delta if change.low is None else change.low) > limit
-    if not fired:
+    limit, worse = _limit(metric, limits, row)
+    bound = change.delta if change.low is None else (change.low if worse > 0 else change.high)
+    if worse * bound <= limit:  # type: ignore[operator]
         return None
+    unit = change.unit
     ci = "" if change.low is None else f", 95 % CI {change.low:+.1f} … {change.high:+.1f} {unit}"
-    bound = f"-{-limit:g}" if metric.check == "accuracy" else f"{limit:g}"
-    return f"{metric.label} {change.delta:+.1f} {unit}{ci} (limit {bound} {unit})"
+    shown = f"{limit:g}" if metric.gate != QUALITY else f"{'-' if worse < 0 else '+'}{limit:g}"
+    return f"{metric.name(row.target_metric)} {change.delta:+.1f} {unit}{ci} (limit {shown} {unit})"
 
 
 def _by_pair(summary: pd.DataFrame) -> tuple[dict[Pair, pd.Series], dict[Pair, str]]:
@@ -235,7 +187,7 @@ def _by_pair(summary: pd.DataFrame) -> tuple[dict[Pair, pd.Series], dict[Pair, s
     ok: dict[Pair, pd.Series] = {}
     statuses: dict[Pair, set[str]] = {}
     for _, row in summary.iterrows():
-        pair = (row["job"], row["optimizer"])
+        pair = (row["job_id"], row["optimizer"])
         statuses.setdefault(pair, set()).add(row["status"])
         if row["status"] == "ok":
             ok[pair] = row
@@ -243,8 +195,8 @@ def _by_pair(summary: pd.DataFrame) -> tuple[dict[Pair, pd.Series], dict[Pair, s
 
 
 def _ok_trials(frame: pd.DataFrame) -> dict[Pair, pd.DataFrame]:
-    ok = frame[frame["status"] == "ok"]
-    return {(job, optimizer): group for (job, optimizer), group in ok.groupby(["job", "optimizer"], sort=False)}
+    ok = frame[frame["final"] & (frame["status"] == "ok")]
+    return {(job, optimizer): group for (job, optimizer), group in ok.groupby(["job_id", "optimizer"], sort=False)}
 
 
 def _stamp(records: list[Record], where: str, key: str) -> set[str] | None:
@@ -293,8 +245,36 @@ def calibrated_thresholds(base: Sequence[Record], new: Sequence[Record]) -> Thre
     return DEFAULT_THRESHOLDS["cuda" if on_cuda else "cpu"]
 
 
+def _row_kind(base: pd.Series | None, new: pd.Series | None) -> Row:
+    """The target metric, its direction and its scale (points or relative) of a compared row."""
+    row = base if base is not None else new
+    if row is None:
+        return Row()
+    scale = row.get("target_scale")
+    return Row(str(row["target_metric"]), str(row["target_mode"]), scale if isinstance(scale, str) else stats.POINTS)
+
+
+def _compare_pair(pair: Pair, ok: tuple[dict, dict], trials: tuple[dict, dict], limits: Thresholds
+                  ) -> tuple[dict, list[str]]:
+    """One (job, optimizer): BASE, NEW and the tested change per gated metric, and the regressions found."""
+    base, new = ok[0].get(pair), ok[1].get(pair)
+    kind = _row_kind(base, new)
+    row, problems = {"target_metric": kind.target_metric, "target_mode": kind.target_mode, "scale": kind.scale}, []
+    for metric in metrics.gated():
+        before, after = _value(base, metric.column), _value(new, metric.column)
+        change = measure_change(metric, before, after, trials[0].get(pair), trials[1].get(pair), kind, limits)
+        row.update({f"{metric.column}_base": before, f"{metric.column}_new": after,
+                    **{f"{metric.column}_{name}": None if change is None else getattr(change, name)
+                       for name in ("delta", "low", "high", "test", "verdict")}})
+        growth = None if before is None or after is None else after - before
+        problem = crossed(metric, change, limits, growth, kind)
+        if problem:
+            problems.append(problem)
+    return row, problems
+
+
 def compare(base: list[Record], new: list[Record], limits: Thresholds) -> Comparison:
-    """Row per (job, optimizer) in either run, with BASE, NEW and the tested change per metric."""
+    """Row per (job, optimizer) in either run, with BASE, NEW and the tested change per gated metric."""
     base_frame, new_frame = trials_frame(base), trials_frame(new)
     base_summary, new_summary = summarize(base_frame), summarize(new_frame)
     base_ok, base_status = _by_pair(base_summary)
@@ -302,28 +282,18 @@ def compare(base: list[Record], new: list[Record], limits: Thresholds) -> Compar
     if not set(base_status) & set(new_status):
         raise CompareError(f"BASE and NEW share no job: BASE has {sorted(set(base_summary['job']))}, "
                            f"NEW has {sorted(set(new_summary['job']))}")
-    base_trials, new_trials = _ok_trials(base_frame), _ok_trials(new_frame)
+    labels = {**dict(zip(new_summary["job_id"], new_summary["job"], strict=True)),
+              **dict(zip(base_summary["job_id"], base_summary["job"], strict=True))}
+    trials = (_ok_trials(base_frame), _ok_trials(new_frame))
     rows, regressions = [], []
     for pair in [*base_status, *(p for p in new_status if p not in base_status)]:
-        job, optimizer = pair
+        job, optimizer = labels[pair[0]], pair[1]
         row = {"job": job, "optimizer": optimizer, "base_status": base_status.get(pair, "missing"),
                "new_status": new_status.get(pair, "missing")}
-        problems = []
+        measured, problems = _compare_pair(pair, (base_ok, new_ok), trials, limits)
         if pair in base_ok and row["new_status"] != "ok":
-            problems.append(f"was ok, now {row['new_status']}")
-        for metric in METRICS:
-            before, after = _value(base_ok.get(pair), metric.column), _value(new_ok.get(pair), metric.column)
-            change = measure_change(metric, before, after, base_trials.get(pair), new_trials.get(pair))
-            row.update({f"{metric.column}_base": before, f"{metric.column}_new": after,
-                        f"{metric.column}_delta": None if change is None else change.delta,
-                        f"{metric.column}_low": None if change is None else change.low,
-                        f"{metric.column}_high": None if change is None else change.high,
-                        f"{metric.column}_test": None if change is None else change.test})
-            growth = None if before is None or after is None else after - before
-            problem = crossed(metric, change, limits, growth)
-            if problem:
-                problems.append(problem)
-        row["regression"] = "; ".join(problems)
+            problems.insert(0, f"was ok, now {row['new_status']}")
+        row.update(measured, regression="; ".join(problems))
         regressions.extend(f"{optimizer} [{job}]: {p}" for p in problems)
         rows.append(row)
     return Comparison(rows=pd.DataFrame(rows), regressions=regressions, commits=(run_commits(base), run_commits(new)),
@@ -331,34 +301,43 @@ def compare(base: list[Record], new: list[Record], limits: Thresholds) -> Compar
                       busy=[w for w in (busy_machine(base, "BASE"), busy_machine(new, "NEW")) if w])
 
 
-def _scale(metric: Metric, value: float | None) -> float | None:
-    """Accuracy is shown (and exported) in percent; the other metrics already carry their unit."""
-    return None if value is None else value * (100 if metric.check == "accuracy" else 1)
+def _scale(metric: Metric, row: pd.Series, value: float | None) -> float | None:
+    """A quality metric in [0, 1] is shown (and exported) in percent; the others already carry their unit."""
+    points = metric.gate == QUALITY and row.get("scale") == stats.POINTS
+    return None if value is None else value * (100 if points else 1)
+
+
+def _unit(metric: Metric, row: pd.Series) -> str:
+    if metric.gate != QUALITY:
+        return metric.unit
+    return "%" if row.get("scale") == stats.POINTS else str(row.get("target_metric"))
 
 
 def _cell(metric: Metric, row: pd.Series) -> str:
-    before = _scale(metric, _value(row, f"{metric.column}_base"))
-    after = _scale(metric, _value(row, f"{metric.column}_new"))
+    before = _scale(metric, row, _value(row, f"{metric.column}_base"))
+    after = _scale(metric, row, _value(row, f"{metric.column}_new"))
     delta = _value(row, f"{metric.column}_delta")
     if before is None and after is None:
         return ""
-    show = [("-" if v is None else f"{v:,.{metric.decimals}f}") for v in (before, after)]
+    decimals = 1 if metric.gate == QUALITY and row.get("scale") == stats.POINTS else metric.decimals
+    show = [("-" if v is None else f"{v:,.{decimals}f}") for v in (before, after)]
     if delta is None:
         return f"{show[0]} → {show[1]}"
-    unit = "pts" if metric.check == "accuracy" else "%"
+    unit = "pts" if metric.gate == QUALITY and row.get("scale") == stats.POINTS else "%"
     low, high = _value(row, f"{metric.column}_low"), _value(row, f"{metric.column}_high")
     if low is not None and high is not None:
-        noise = ", within noise" if low <= 0 <= high else ""
-        return f"{show[0]} → {show[1]} ({delta:+.1f} {unit}, CI {low:+.1f} … {high:+.1f}{noise})"
-    untested = ", no CI" if metric.check != "memory" else ""
+        verdict = row.get(f"{metric.column}_verdict")
+        said = f": {verdict}" if isinstance(verdict, str) else (", within noise" if low <= 0 <= high else "")
+        return f"{show[0]} → {show[1]} ({delta:+.1f} {unit}, CI {low:+.1f} … {high:+.1f}{said})"
+    untested = ", no CI" if metric.gate != MEMORY else ""
     return f"{show[0]} → {show[1]} ({delta:+.1f} {unit}{untested})"
 
 
 LEGEND = ("Change NEW vs BASE with its 95 % CI. Times: ratio of the medians of the per-step samples (seeds "
-          "pooled), bootstrap CI; accuracy: paired over shared seeds, Student-t CI; memory and state: plain "
-          "threshold (state bytes are exact; a peak must also clear the peak-growth floor, if set). A change "
-          "regresses only when its whole CI lies beyond the threshold; \"no CI\": no samples or a single seed, "
-          "plain threshold.")
+          "pooled), bootstrap CI; the target metric: paired over shared seeds, Student-t CI, in the report's verdict "
+          "words with the threshold as margin; memory and state: plain threshold (state bytes are exact; a peak "
+          "must also clear the peak-growth floor, if set). A change regresses only when its whole CI lies beyond "
+          "the threshold; \"no CI\": no samples or a single seed, plain threshold.")
 
 
 def render_header(comparison: Comparison) -> str:
@@ -376,10 +355,12 @@ def render_markdown(comparison: Comparison) -> str:
     """The header, then one table per job: BASE → NEW (change, CI) per metric, and the verdict per optimizer."""
     parts = [render_header(comparison)]
     for job, group in comparison.rows.groupby("job", sort=False):
+        target = str(group["target_metric"].iloc[0])
         table = pd.DataFrame({
             "optimizer": group["optimizer"],
             "status": [f"{r.base_status} → {r.new_status}" for r in group.itertuples()],
-            **{f"{m.label} {m.unit}": [_cell(m, r) for _, r in group.iterrows()] for m in METRICS},
+            **{f"{m.name(target)} {_unit(m, group.iloc[0])}": [_cell(m, r) for _, r in group.iterrows()]
+               for m in metrics.gated()},
             "verdict": ["REGRESSION: " + r.regression if r.regression else "ok" for r in group.itertuples()],
         })
         parts.append(f"### {job}\n\n" + table.to_markdown(index=False))
@@ -387,21 +368,21 @@ def render_markdown(comparison: Comparison) -> str:
 
 
 def accuracy_export_path(path: Path) -> Path:
-    """Where the bigger-is-better (accuracy) entries go: `name.json` -> `name-accuracy.json`."""
+    """Where the bigger-is-better entries (accuracy) go: `name.json` -> `name-accuracy.json`."""
     return path.with_name(f"{path.stem}-accuracy{path.suffix or '.json'}")
 
 
 def export_github_benchmark(comparison: Comparison, path: Path) -> list[Path]:
-    """Write NEW's numbers for github-action-benchmark; returns the two files written."""
+    """Write NEW's numbers for github-action-benchmark, each by its direction; returns the two files written."""
     smaller, bigger = [], []
     for _, row in comparison.rows.iterrows():
-        for metric in METRICS:
-            value = _scale(metric, _value(row, f"{metric.column}_new"))
+        for metric in metrics.gated():
+            value = _scale(metric, row, _value(row, f"{metric.column}_new"))
             if value is None or not math.isfinite(value):
                 continue
-            entry = {"name": f"{row['optimizer']}: {metric.label} ({row['job']})", "unit": metric.unit,
-                     "value": round(value, 6)}
-            (bigger if metric.check == "accuracy" else smaller).append(entry)
+            entry = {"name": f"{row['optimizer']}: {metric.name(row['target_metric'])} ({row['job']})",
+                     "unit": _unit(metric, row), "value": round(value, 6)}
+            (bigger if metric.higher_is_better(row["target_mode"]) else smaller).append(entry)
     paths = [path, accuracy_export_path(path)]
     path.parent.mkdir(parents=True, exist_ok=True)
     for target, entries in zip(paths, (smaller, bigger), strict=True):

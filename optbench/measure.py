@@ -13,6 +13,7 @@ Each probe exists because the obvious way to measure gets it wrong:
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import gc
@@ -29,24 +30,24 @@ _STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
 
 
-def _leaf_tensors(value: Any) -> Iterator[torch.Tensor]:
+def leaf_tensors(value: Any) -> Iterator[torch.Tensor]:
     """Plain tensors holding the bytes of `value`, looking through wrapper subclasses."""
     if isinstance(value, torch.Tensor):
         if type(value) is not torch.Tensor and hasattr(value, "__tensor_flatten__"):
             inner_names, _ = value.__tensor_flatten__()
             for inner in inner_names:
-                yield from _leaf_tensors(getattr(value, inner))
+                yield from leaf_tensors(getattr(value, inner))
         else:
             yield value
     elif isinstance(value, dict):
         for item in value.values():
-            yield from _leaf_tensors(item)
+            yield from leaf_tensors(item)
     elif isinstance(value, (list, tuple)):
         for item in value:
-            yield from _leaf_tensors(item)
+            yield from leaf_tensors(item)
 
 
-def _storage_key(t: torch.Tensor) -> tuple[str, int]:
+def storage_key(t: torch.Tensor) -> tuple[str, int]:
     return (str(t.device), t.untyped_storage().data_ptr())
 
 
@@ -54,8 +55,8 @@ def unique_tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
     """Bytes of the distinct storages behind `tensors` (a view or a shared tensor counts once)."""
     seen: dict[tuple[str, int], int] = {}
     for t in tensors:
-        for leaf in _leaf_tensors(t):
-            key = _storage_key(leaf)
+        for leaf in leaf_tensors(t):
+            key = storage_key(leaf)
             seen[key] = max(seen.get(key, 0), leaf.untyped_storage().nbytes())
     return sum(seen.values())
 
@@ -69,11 +70,11 @@ def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> tuple[int, dict[s
     by_key: dict[str, int] = {}
     for param_state in optimizer.state.values():
         for key, value in param_state.items():
-            for leaf in _leaf_tensors(value):
-                storage_key = _storage_key(leaf)
-                if storage_key in seen:
+            for leaf in leaf_tensors(value):
+                key_of_storage = storage_key(leaf)
+                if key_of_storage in seen:
                     continue
-                seen.add(storage_key)
+                seen.add(key_of_storage)
                 by_key[key] = by_key.get(key, 0) + leaf.untyped_storage().nbytes()
     return sum(by_key.values()), dict(sorted(by_key.items()))
 
@@ -129,13 +130,15 @@ def release_freed_memory() -> None:
 class MemoryWindow:
     """Peak memory from now on: CUDA peak allocated/reserved on GPU; RSS high-water mark and its growth
     over the RSS at the window's start on CPU. The trial opens one after setup and a warm-up pass; the
-    benchmarks open one per benchmark."""
+    benchmarks open one per benchmark. `paused()` keeps work that is not training (an `--eval-every`
+    evaluation, a resume check's checkpoint) out of the peaks."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
         release_freed_memory()
         synchronize(device)
         self.rss_baseline_bytes = current_rss_bytes()
+        self._held_peaks: tuple[int, int, int] = (0, 0, 0)  # rss, cuda allocated, cuda reserved before a pause
         reset_peaks(device)
 
     def rss_growth_bytes(self) -> int | None:
@@ -143,10 +146,27 @@ class MemoryWindow:
         now = current_rss_bytes()
         return None if now is None or self.rss_baseline_bytes is None else now - self.rss_baseline_bytes
 
+    def _peaks(self) -> tuple[int | None, int | None, int | None]:
+        """(peak RSS, CUDA peak allocated, CUDA peak reserved) over the window, pauses excluded."""
+        allocated, reserved = cuda_peaks(self.device)
+        rss = peak_rss_bytes()
+        held = self._held_peaks
+        return (None if rss is None else max(rss, held[0]), None if allocated is None else max(allocated, held[1]),
+                None if reserved is None else max(reserved, held[2]))
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Run the body outside the window: the peaks so far are kept, the body's own peak is not counted."""
+        self._held_peaks = tuple(v or 0 for v in self._peaks())  # type: ignore[assignment]
+        try:
+            yield
+        finally:
+            release_freed_memory()
+            reset_peaks(self.device)
+
     def fill(self, record: Any) -> None:
         """Set the record's peak fields (peak_cuda_*, peak_rss_bytes, peak_rss_growth_bytes)."""
-        record.peak_cuda_allocated_bytes, record.peak_cuda_reserved_bytes = cuda_peaks(self.device)
-        record.peak_rss_bytes = peak_rss_bytes()
+        record.peak_rss_bytes, record.peak_cuda_allocated_bytes, record.peak_cuda_reserved_bytes = self._peaks()
         if record.peak_rss_bytes is not None and self.rss_baseline_bytes is not None:
             record.peak_rss_growth_bytes = record.peak_rss_bytes - self.rss_baseline_bytes
 
@@ -180,6 +200,20 @@ def median_iqr(values: list[float]) -> tuple[float | None, float | None]:
     return statistics.median(values), q3 - q1
 
 
+def describe_speed(record: Any, step_times: list[float], optimizer_times: list[float]) -> None:
+    """Fill a Record's speed figures: medians, IQRs and the raw samples (after warm-up), throughput and the
+    roofline share (the step's analytic traffic over its median time, against the device's triad bandwidth)."""
+    record.step_time_samples_s, record.optimizer_step_samples_s = step_times, optimizer_times
+    record.step_time_median_s, record.step_time_iqr_s = median_iqr(step_times)
+    record.optimizer_step_median_s, record.optimizer_step_iqr_s = median_iqr(optimizer_times)
+    if record.step_time_median_s:
+        record.samples_per_s = record.batch_size / record.step_time_median_s
+    if record.optimizer_step_median_s and record.device_bandwidth_bytes_per_s and \
+            record.optimizer_step_traffic_bytes:
+        achieved = record.optimizer_step_traffic_bytes / record.optimizer_step_median_s
+        record.roofline_fraction = achieved / record.device_bandwidth_bytes_per_s
+
+
 class StepTimer:
     """Named timestamps within one train step, read as intervals once the step is done.
 
@@ -208,20 +242,64 @@ class StepTimer:
         return last - first
 
 
-def copy_bandwidth_bytes_per_s(device: torch.device, nbytes: int = 128 * 2**20, repeats: int = 5) -> float:
-    """This device's memory bandwidth as a large tensor copy sees it: bytes read + written per second,
-    best of `repeats` (the roofline an optimizer step's memory traffic is compared with)."""
-    source = torch.empty(nbytes // 4, dtype=torch.float32, device=device).fill_(1.0)
-    target = torch.empty_like(source)
-    best = float("inf")
-    for _ in range(repeats):
-        start = clock(device)
-        target.copy_(source)
-        best = min(best, clock(device) - start)
-    del source, target
+def last_level_cache_bytes() -> int:
+    """The largest CPU cache (sysfs), 32 MiB where it cannot be read: what a bandwidth buffer must dwarf."""
+    sizes = []
+    for path in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = path.read_text().strip().upper()
+        with contextlib.suppress(ValueError):
+            sizes.append(int(text[:-1]) * {"K": 2**10, "M": 2**20, "G": 2**30}[text[-1]])
+    return max(sizes, default=32 * 2**20)
+
+
+def bandwidth_buffer_bytes(device: torch.device) -> int:
+    """Bytes per triad operand: 2x the last-level cache on CPU (two operands: 4x in all), 512 MiB on CUDA (far
+    beyond any L2, and long enough — tens of microseconds and more — for CUDA events to time well)."""
+    return 512 * 2**20 if device.type == "cuda" else 2 * last_level_cache_bytes()
+
+
+def triad_bandwidth_samples(device: torch.device, samples: int = 5) -> list[float]:
+    """The device's memory bandwidth as an in-place kernel shaped like an optimizer step sees it: `a += s * b` over
+    two fp32 buffers that dwarf the caches, bytes counted as the step's are (every byte read once, every byte
+    written once: 3 x the operand size; in place, so no write-allocate traffic goes uncounted), one sample per
+    pass after one untimed pass, with torch's current thread count. CUDA passes are timed with events."""
+    nbytes = bandwidth_buffer_bytes(device)
+    a = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+    b = torch.full_like(a, 1e-3)
+    a.add_(b, alpha=0.5)  # untimed: pages the buffers in, warms the kernel
+    times = []
+    for _ in range(samples):
+        timer = StepTimer(device)
+        timer.mark("start")
+        a.add_(b, alpha=0.5)
+        timer.mark("end")
+        times.append(timer.seconds("start", "end"))
+    del a, b
+    release_freed_memory()
     if device.type == "cuda":
-        torch.cuda.empty_cache()  # the copy's blocks must not sit in the trial's reserved memory
-    return 2 * nbytes / best
+        torch.cuda.empty_cache()  # the buffers must not sit in the trial's reserved memory
+    return [3 * nbytes / t for t in times if t > 0]
+
+
+def optimizer_impl(optimizer: Any) -> str | None:
+    """What torch runs for a torch.optim optimizer here: `fused`, `foreach` or `per-tensor loop` (torch decides
+    foreach at step time, and on CPU it has no foreach kernels); None for another library's optimizer. An
+    optimizer made of parts (Muon + AdamW) lists each distinct implementation."""
+    parts = getattr(optimizer, "parts", None)
+    if parts:
+        return " + ".join(dict.fromkeys(i for i in map(optimizer_impl, parts) if i)) or None
+    if not any(cls.__module__.startswith("torch.optim") for cls in type(optimizer).__mro__[:-2]):
+        return None
+    group = optimizer.param_groups[0]
+    if group.get("fused"):
+        return "fused"
+    foreach = group.get("foreach")
+    if foreach is None:
+        from torch.optim.optimizer import _default_to_fused_or_foreach
+
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        _, foreach = _default_to_fused_or_foreach(params, differentiable=False, use_fused=False)
+    return "foreach" if foreach else "per-tensor loop"
 
 
 SLOWDOWN_ENV = "OPTBENCH_TEST_OPTIMIZER_SLOWDOWN"

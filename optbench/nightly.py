@@ -16,7 +16,8 @@ box and behaves the same. Stages, each logged to OUT/logs/<stage>.log:
 7. OUT/summary.md, also appended to $GITHUB_STEP_SUMMARY when that is set.
 
 Exit status: 0 clean (or first night, or accepted), 1 regression (or a failing benchmark test), 2 usage or set-up
-error (a stage that could not run, a baseline of another job).
+error (a stage that could not run, a baseline of another job), 3 a sweep trial ended `error` or `timeout` (the
+night is red and the baseline kept, even with --accept).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from pathlib import Path
 
 from optbench import compare
 from optbench.benchjson import read_benchmark_records
-from optbench.results import read_records
+from optbench.results import FAILURES, read_records
 
 SWEEP_FILE = "sweep.jsonl"
 BENCHMARK_FILE = "benchmarks.json"
@@ -42,6 +43,9 @@ BENCHMARK_DIR = Path("benchmarks")
 # The suite's per-optimizer benchmarks (module::function); a `--optimizers` subset selects these by node id.
 OPTIMIZER_BENCHMARKS = ("test_optimizer_step.py::test_optimizer_step", "test_train_step.py::test_train_step",
                         "test_finetune.py::test_finetune")
+
+EXIT_TRIAL_FAILED = 3  # `optbench run`'s exit status when a trial ended `error` or `timeout`
+
 
 class NightlyError(RuntimeError):
     """A stage that could not run or a baseline that cannot be compared: exit 2, the message says which."""
@@ -55,7 +59,7 @@ class NightConfig:
     out: Path
     thresholds: compare.Thresholds
     optimizers: tuple[str, ...] = ()  # empty: the sweep's default set and the whole suite
-    workload: str | None = None  # e.g. tiny, for a quick CPU night
+    job_argv: tuple[str, ...] = ()  # the job flags given to `nightly` (--workload tiny, --schedule ...), for the sweep
     strict_env: bool = False
     accept: bool = False  # an intended change: report it, yet make this night the baseline (exit 0)
 
@@ -70,10 +74,11 @@ class Night:
     regressions: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     first_night: bool = False
+    trial_failures: int = 0  # sweep trials that ended `error` or `timeout` (the sweep exited 3)
 
     @property
     def clean(self) -> bool:
-        return not self.regressions
+        return not self.regressions and not self.trial_failures
 
 
 def thresholds_for(device: str) -> compare.Thresholds:
@@ -109,12 +114,11 @@ def benchmark_command(config: NightConfig, json_path: Path) -> list[str]:
 
 
 def sweep_command(config: NightConfig, out: Path) -> list[str]:
+    """`optbench run` with the night's preset, device, optimizers and every job flag the night was given."""
     command = [sys.executable, "-m", "optbench", "run", "--preset", config.preset, "--device", config.device,
-               "--out", str(out)]
+               "--out", str(out), *config.job_argv]
     if config.optimizers:
         command += ["--optimizers", ",".join(config.optimizers)]
-    if config.workload:
-        command += ["--workload", config.workload]
     return command
 
 
@@ -140,8 +144,12 @@ def _run_stages(night: Night) -> None:
         raise NightlyError(f"the benchmark suite did not run (pytest exit {status}): "
                            f"{_tail(out / 'logs' / 'benchmarks.log')}")
     status = _stage(night, "sweep", sweep_command(config, out / SWEEP_FILE))
-    if status != 0 or not (out / SWEEP_FILE).is_file():
+    if status not in (0, EXIT_TRIAL_FAILED) or not (out / SWEEP_FILE).is_file():
         raise NightlyError(f"the sweep did not run (exit {status}): {_tail(out / 'logs' / 'sweep.log')}")
+    if status == EXIT_TRIAL_FAILED:  # it ran, but a trial hit a harness or library failure: red, named below
+        failed = [r for r in read_records(out / SWEEP_FILE) if r.status in FAILURES]
+        night.trial_failures = len(failed)
+        night.notes += [f"trial {r.optimizer} seed {r.seed} ended {r.status}: {r.error}" for r in failed]
 
 
 def _write_reports(night: Night) -> None:
@@ -183,13 +191,14 @@ def _rotate_baseline(night: Night) -> None:
 
 def render_summary(night: Night, env: dict) -> str:
     config = night.config
-    verdict = ("first night: no baseline yet, this night became it" if night.first_night
+    verdict = (f"TRIAL FAILURES ({night.trial_failures})" if night.trial_failures
+               else "first night: no baseline yet, this night became it" if night.first_night
                else "clean" if night.clean else f"REGRESSION ({len(night.regressions)})")
     limits = config.thresholds
     lines = [f"## optbench nightly: {verdict}", "",
              f"- commit {env.get('git_commit') or 'unknown'}, device {config.device} "
              f"({env.get('gpu') or env.get('cpu')}), preset {config.preset}"
-             + (f", workload {config.workload}" if config.workload else "")
+             + (f", job flags `{' '.join(config.job_argv)}`" if config.job_argv else "")
              + (f", optimizers {', '.join(config.optimizers)}" if config.optimizers else ""),
              f"- thresholds: slowdown {limits.max_slowdown_pct:g} %, memory growth {limits.max_memory_growth_pct:g} %, "
              f"accuracy drop {limits.max_accuracy_drop_pts:g} pts (each beyond its 95 % CI where one exists)"
@@ -231,7 +240,7 @@ def run_night(config: NightConfig) -> Night:
         _compare_with_baseline(night)
     else:
         night.first_night = True
-    if night.clean or config.accept:
+    if night.clean or (config.accept and not night.trial_failures):
         _rotate_baseline(night)
         accepted = "" if night.clean else ", accepted with --accept despite the regressions below"
         night.notes.append(f"baseline {config.baseline} now holds this night{accepted}")

@@ -32,8 +32,8 @@ PRESETS: dict[str, Preset] = {
     # About a minute and a half per optimizer on 2 CPU cores; AdamW learns the task well but not perfectly.
     "default": Preset("minilm", steps=100, warmup_steps=10, batch_size=16, seq_len=32, eval_size=512,
                       seeds=(0,), timeout_s=900),
-    # `study`'s default: three optimizers x four lrs tuned at STUDY_BUDGETS' tune steps, then three seeds
-    # each at 150 steps, in under 30 minutes on 2 CPU cores (~0.4-0.6 s per step plus ~15 s per trial).
+    # `study`'s default: three optimizers x three lrs at 150 steps (seed 0), then seeds 1 and 2 at the chosen lr,
+    # in about 30 minutes on 2 CPU cores (~0.4-0.9 s per step plus ~15 s per trial).
     "study": Preset("minilm", steps=150, warmup_steps=15, batch_size=16, seq_len=32, eval_size=512,
                     seeds=(0, 1, 2), timeout_s=900),
     # For GPUs: longer, larger batches, three seeds for error bars.
@@ -44,29 +44,33 @@ PRESETS: dict[str, Preset] = {
 
 @dataclass(frozen=True)
 class StudyBudget:
-    """What `study` adds to a preset: the lr grid size, the tune stage's steps, the eval-curve interval."""
+    """What `study` adds to a preset: the lr grid size, the tune seeds, the final seeds and the eval-curve interval.
+
+    The tune stage runs each optimizer's grid over `tune_seeds` on the finals' own job (same steps and schedule:
+    a shorter tune run favours large lrs), scored on a validation split carved from the training rows; the tune
+    trial at the chosen lr *is* that seed's final, so the final stage only adds the other `seeds`.
+    """
 
     lr_points: int
-    tune_steps: int
     eval_every: int
+    tune_seeds: tuple[int, ...] = (0,)
     seeds: tuple[int, ...] = (0, 1, 2)
 
 
 STUDY_BUDGETS: dict[str, StudyBudget] = {
-    # Under 3 minutes on 2 CPU cores: 3 x 2 tune trials of 4 steps, then two seeds (the fewest with an interval).
-    "smoke": StudyBudget(lr_points=2, tune_steps=4, eval_every=4, seeds=(0, 1)),
-    # Tuning is cheaper than the finals: half their steps rank the lrs the 150-step finals then use. On the
-    # idle 2-core machine the study took 24.9 min at 75 tune steps and 31.4 at 100, where AdamW chose 5e-5
-    # instead of 3e-4 (short runs favour large lrs): `--tune-steps 100` when the half hour is there.
-    "study": StudyBudget(lr_points=4, tune_steps=75, eval_every=25),
-    "default": StudyBudget(lr_points=4, tune_steps=100, eval_every=20),
-    "nightly": StudyBudget(lr_points=5, tune_steps=400, eval_every=40),
+    # Under 3 minutes on 2 CPU cores: 3 optimizers x 2 lrs x 8 steps, then one more seed (two: the fewest with
+    # an interval).
+    "smoke": StudyBudget(lr_points=2, eval_every=4, seeds=(0, 1)),
+    # 3 optimizers x 3 lrs x 150 steps, then seeds 1 and 2 at the chosen lr: about half an hour on 2 CPU cores.
+    "study": StudyBudget(lr_points=3, eval_every=25),
+    "default": StudyBudget(lr_points=3, eval_every=20),
+    "nightly": StudyBudget(lr_points=5, eval_every=40, tune_seeds=(0, 1)),
 }
 
 
 PRECISIONS = ("fp32", "bf16-autocast", "fp16-autocast", "bf16")  # see optbench/precision.py
 SCHEDULES = ("linear", "constant", "cosine", "wsd")  # see optbench/schedules.py; linear is HF Trainer's default
-_NOT_IN_ID = ("timeout_s", "max_memory_bytes")
+_NOT_IN_ID = ("timeout_s", "max_memory_bytes", "state_map_dir")
 _LATER_FIELDS = ("stage", "val_fraction", "precision", "eval_every", "target", "engine", "parallel", "nproc",
                  "workload_options", "resume_check")
 
@@ -91,7 +95,7 @@ class TrialSpec:
     fidelity: bool = False  # also run a shadow fp32 AdamW and record update cosine / relative error
     timeout_s: float = 900.0
     # Added after schema 1: left out of trial_id while at their defaults, so older results still resume.
-    stage: str | None = None  # "tune": score on a validation split carved from train; "final" / None: eval split
+    stage: str | None = None  # study trials ("tune" | "final") hold out a validation split; None: a plain run
     val_fraction: float = 0.1  # share of the training rows held out as the validation split (tune stage)
     precision: str = "fp32"  # fp32 | bf16-autocast | fp16-autocast | bf16
     eval_every: int = 0  # evaluate a fixed eval subset every K steps (outside the timed intervals); 0: never
@@ -104,6 +108,7 @@ class TrialSpec:
     schedule: str = "linear"  # lr after the warm-up: linear decay to 0 (HF Trainer's default), constant, cosine, wsd
     workload_options: dict[str, Any] = field(default_factory=dict)  # the workload's parameters, e.g. hidden_size
     resume_check: bool = False  # save at the middle step, resume in fresh objects, compare (optbench/resume.py)
+    state_map_dir: str | None = None  # write the measured per-parameter state map (CSV) here; not in trial_id
 
     @property
     def trial_id(self) -> str:

@@ -34,9 +34,9 @@ STATUSES = ("ok", "oom", "diverged", "error", "timeout", "skipped")
 FAILURES = ("error", "timeout")  # a harness or library failure (exit 3); oom, diverged and skipped are results
 # What one job is: every setting that changes what its numbers mean except the optimizer, its lr and the
 # seed. Report, compare, study and the side-by-side table group by it (`job_key`), never by a label.
-JOB_KEY_FIELDS = ("workload", "workload_options", "model", "dataset", "device", "steps", "warmup_steps", "batch_size",
-                  "seq_len", "eval_size", "precision", "schedule", "engine", "parallel", "world_size", "fidelity",
-                  "resume_check")
+JOB_KEY_FIELDS = ("workload", "workload_options", "model", "pretrained", "dataset", "device", "steps", "warmup_steps",
+                  "batch_size", "seq_len", "eval_size", "precision", "schedule", "engine", "parallel", "world_size",
+                  "fidelity", "resume_check")
 
 __all__ = ["FAILURES", "GIB", "JOB_KEY_FIELDS", "MACHINE_KEYS", "MIB", "REFERENCE_OPTIMIZER", "SCHEMA_VERSION",
            "STATUSES", "Record", "ResultsFileError", "append_record", "check_writable", "completed_trial_ids",
@@ -217,8 +217,9 @@ def job_key(record: Record) -> dict[str, Any]:
 def job_label(key: dict[str, Any]) -> str:
     """The job in words, for headings: model, data, device, size, then whatever differs from the defaults."""
     options = "".join(f", {name} {value}" for name, value in sorted((key.get("workload_options") or {}).items()))
-    parts = [f"{key.get('model')}{options} on {key.get('dataset')}, {key.get('device')}, {key.get('steps')} steps x "
-             f"batch {key.get('batch_size')} x seq {key.get('seq_len')}, {key.get('schedule')} lr"]
+    scratch = ", trained from scratch" if key.get("pretrained") is False else ""
+    parts = [f"{key.get('model')}{options} on {key.get('dataset')}{scratch}, {key.get('device')}, {key.get('steps')} "
+             f"steps x batch {key.get('batch_size')} x seq {key.get('seq_len')}, {key.get('schedule')} lr"]
     if key.get("precision") not in (None, "fp32"):
         parts.append(f"{key['precision']} weights")
     if key.get("engine") not in (None, "native"):

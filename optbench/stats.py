@@ -1,27 +1,50 @@
-"""The statistics behind a fair verdict: confidence intervals over seeds, paired differences to a
-reference optimizer, near-ties on a metric, and the AlgoPerf-style performance profile across jobs.
+"""The analysis core: every statistic report, plots, compare, recommend and study call, in one place.
 
-Seeds are few (often 3), so intervals use Student's t, not the normal approximation: with n = 3 the
-95 % half-width is 4.30 standard errors, not 1.96. One seed gives no interval at all (None, shown as
-"n/a"), never a misleading ± 0. Quantiles come from scipy (already installed with the plotting stack).
+- Intervals: Student-t, because seeds are few (with n = 3 the 95 % half-width is 4.30 standard errors, not
+  1.96). One value gives no interval (None, shown "n/a"), never a misleading ± 0.
+- Verdicts: the paired 95 % interval of candidate − reference, oriented so positive = candidate better,
+  read against a margin m (points for a metric in [0, 1] such as accuracy, % of the reference for the
+  rest such as perplexity or loss): equivalent / better / worse / non-inferior / inconclusive. "No
+  significant difference" is not a verdict: an interval of ±11 points rules out nothing a user cares about.
+- Times: the percentile-bootstrap ratio of medians (compare's test for step times).
+- Time to target the AlgoPerf way: a seed that never reaches the target counts as infinite time, the
+  median over seeds is the figure, and "reached k/n" goes beside it.
+- The Pareto front, the performance profile and its score, and the study's lr choice (`choose_lr`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 from scipy import stats as _scipy_stats
 
 CONFIDENCE = 0.95
-# A "point" of a metric that lives in [0, 1] (accuracy, F1) is 0.01; other metrics (perplexity, loss)
-# have no natural point, so one point there means 1 % of the value.
-POINT = 0.01
+POINT = 0.01  # one point of a metric in [0, 1] (accuracy, F1)
+POINTS, RELATIVE = "points", "relative"  # how a metric's differences are read: in points or in % of the reference
+DEFAULT_MARGIN = {POINTS: 1.0, RELATIVE: 2.0}  # 1 point of accuracy; 2 % of a perplexity or loss
+UNIT = {POINTS: "pts", RELATIVE: "%"}
+MAX_SEEDS = 1000  # "about how many seeds would settle it" stops counting here
 PROFILE_TAUS = np.linspace(1.0, 4.0, 61)  # AlgoPerf's profile runs tau from 1 (the best) to 4x the best
+BOOTSTRAP_RESAMPLES = 2000  # the CI bounds move by < 0.5 % between rng seeds at this count
+BOOTSTRAP_SEED = 0  # fixed, so a comparison is reproducible
+LEGACY_TIE = 0.005  # the old fixed near-tie band (half a point): records without val_rows and one seed
+RELATIVE_TIE = 0.005  # one seed of a metric not in [0, 1]: 0.5 % of the best value
 
-BETTER, WORSE, SAME = "better", "worse", "no significant difference"
+# The verdict vocabulary (report, HTML, compare and recommend all use these words).
+EQUIVALENT, BETTER, WORSE, NON_INFERIOR, INCONCLUSIVE = "equivalent", "better", "worse", "non-inferior", "inconclusive"
+VERDICT_WORDS = (EQUIVALENT, BETTER, WORSE, NON_INFERIOR, INCONCLUSIVE)
+ONE_SEED = "inconclusive (one seed: no interval)"
+
+
+def is_finite(value: object) -> bool:
+    """True for a real, finite number (None, NaN, inf and text are not)."""
+    try:
+        return value is not None and not isinstance(value, bool) and math.isfinite(float(value))  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return False
 
 
 @dataclass(frozen=True)
@@ -31,6 +54,14 @@ class Interval:
     mean: float
     half_width: float | None
     n: int
+
+    @property
+    def low(self) -> float | None:
+        return None if self.half_width is None else self.mean - self.half_width
+
+    @property
+    def high(self) -> float | None:
+        return None if self.half_width is None else self.mean + self.half_width
 
     def text(self, decimals: int = 3) -> str:
         ci = "n/a" if self.half_width is None else f"{self.half_width:,.{decimals}f}"
@@ -44,100 +75,306 @@ def t_quantile(n: int, confidence: float = CONFIDENCE) -> float:
     return float(_scipy_stats.t.ppf(0.5 + confidence / 2, n - 1))
 
 
-def mean_ci(values: Sequence[float], confidence: float = CONFIDENCE) -> Interval | None:
+def mean_ci(values: Iterable[float | None], confidence: float = CONFIDENCE) -> Interval | None:
     """Mean ± t * s / sqrt(n) over the finite values; None when there are none, no interval for one."""
-    finite = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    finite = [float(v) for v in values if is_finite(v)]  # type: ignore[arg-type]
     if not finite:
         return None
     n = len(finite)
-    mean = float(np.mean(finite))
     if n < 2:
-        return Interval(mean, None, 1)
+        return Interval(finite[0], None, 1)
     sem = float(np.std(finite, ddof=1)) / math.sqrt(n)
-    return Interval(mean, t_quantile(n, confidence) * sem, n)
+    return Interval(float(np.mean(finite)), t_quantile(n, confidence) * sem, n)
+
+
+def scale_of(mode: str, values: Iterable[float | None]) -> str:
+    """POINTS for a larger-is-better metric whose values all lie in [0, 1] (accuracy, F1), else RELATIVE
+    (perplexity, loss: "min" metrics have no natural point, so a difference is read in % of the reference)."""
+    finite = [float(v) for v in values if is_finite(v)]  # type: ignore[arg-type]
+    return POINTS if mode == "max" and finite and all(0.0 <= v <= 1.0 for v in finite) else RELATIVE
+
+
+def margin_text(margin: float, scale: str) -> str:
+    return f"{margin:g} pt{'' if margin == 1 else 's'}" if scale == POINTS else f"{margin:g} %"
+
+
+def oriented_differences(candidate: Mapping[int, float], reference: Mapping[int, float], mode: str,
+                         scale: str) -> list[float]:
+    """Per shared seed, candidate − reference with positive = candidate better: in points (x100) or in %
+    of the reference. Same seed = same data order and init, so pairing removes the spread both share."""
+    sign = 1.0 if mode == "max" else -1.0
+    shared = sorted(s for s in candidate.keys() & reference.keys()
+                    if is_finite(candidate[s]) and is_finite(reference[s]) and (scale == POINTS or reference[s]))
+    if scale == POINTS:
+        return [sign * 100 * (candidate[s] - reference[s]) for s in shared]
+    return [sign * 100 * (candidate[s] - reference[s]) / abs(reference[s]) for s in shared]
 
 
 @dataclass(frozen=True)
-class Paired:
-    """Candidate minus reference over the seeds both have, with its interval and a verdict in words."""
+class Verdict:
+    """A paired comparison in words: `word` is one of VERDICT_WORDS, `text` the phrase with the margin."""
 
-    difference: Interval
-    verdict: str  # better | worse | no significant difference | n/a (...)
+    word: str
+    text: str
+    difference: Interval  # oriented (positive = candidate better), in `unit`
+    margin: float
+    unit: str
+    seeds_needed: int | None = None  # inconclusive: about how many paired seeds would settle it
+    excludes_zero: bool = False
 
 
-def paired_difference(candidate: Mapping[int, float], reference: Mapping[int, float], mode: str = "max",
-                      confidence: float = CONFIDENCE) -> Paired | None:
-    """Compare per-seed values on the seeds both share (same seed = same data order and init, so pairing
-    removes the seed-to-seed spread both runs have in common). `mode` "max": larger is better; "min":
-    smaller is better. Better/worse only when the interval of the difference excludes zero."""
-    shared = sorted(seed for seed in candidate.keys() & reference.keys()
-                    if _finite(candidate[seed]) and _finite(reference[seed]))
-    if not shared:
+def seeds_to_settle(mean: float, sd: float, margin: float) -> int | None:
+    """Smallest n whose t half-width t(n-1)·sd/√n would fit inside the boundary the mean can reach most
+    easily: above −margin (equivalent, non-inferior or better) or, for a mean below −margin, below it
+    (worse). None: the mean sits on −margin (nothing settles it) or n would exceed MAX_SEEDS."""
+    room = mean + margin if mean > -margin else -margin - mean
+    if room <= 0:
         return None
-    interval = mean_ci([candidate[s] - reference[s] for s in shared], confidence)
-    assert interval is not None
+    if sd <= 0:
+        return 2
+    n = np.arange(2, MAX_SEEDS + 1)
+    fits = _scipy_stats.t.ppf(0.5 + CONFIDENCE / 2, n - 1) * sd / np.sqrt(n) < room
+    return int(n[np.argmax(fits)]) if fits.any() else None
+
+
+def verdict(differences: Sequence[float], margin: float, scale: str = POINTS) -> Verdict | None:
+    """The verdict word for oriented paired differences (positive = better) against the margin m."""
+    interval = mean_ci(differences)
+    if interval is None:
+        return None
+    m, unit = margin_text(margin, scale), UNIT[scale]
     if interval.half_width is None:
-        return Paired(interval, "n/a, one shared seed")
-    if interval.half_width == 0 and interval.mean != 0:
-        # Every seed moved by exactly the same amount: typical of a coarse metric (accuracy on a small eval
-        # split moves in steps of 1/size), where a zero-width interval would call noise significant.
-        return Paired(interval, "n/a, identical difference on every seed")
-    if abs(interval.mean) <= interval.half_width:
-        return Paired(interval, SAME)
-    larger = interval.mean > 0
-    return Paired(interval, BETTER if larger == (mode == "max") else WORSE)
+        return Verdict(INCONCLUSIVE, ONE_SEED, interval, margin, unit)
+    low, high = interval.mean - interval.half_width, interval.mean + interval.half_width
+    zero = low > 0 or high < 0
+    if -margin < low and high < margin:
+        return Verdict(EQUIVALENT, f"equivalent within ±{m}", interval, margin, unit, excludes_zero=zero)
+    if low > margin:
+        return Verdict(BETTER, f"better by at least {m}", interval, margin, unit, excludes_zero=zero)
+    if high < -margin:
+        return Verdict(WORSE, f"worse by at least {m}", interval, margin, unit, excludes_zero=zero)
+    if low > -margin:
+        return Verdict(NON_INFERIOR, f"non-inferior (at most {m} worse)", interval, margin, unit, excludes_zero=zero)
+    sd = float(np.std(differences, ddof=1))
+    needed = seeds_to_settle(interval.mean, sd, margin)
+    hint = f"about {needed} seeds would settle it" if needed else f"more than {MAX_SEEDS} seeds would be needed"
+    return Verdict(INCONCLUSIVE, f"inconclusive ({hint})", interval, margin, unit, needed, zero)
 
 
-def point_size(value: float) -> float:
-    """One point of a metric near `value`: 0.01 for a fraction (accuracy, F1), else 1 % of the value."""
-    return POINT if 0.0 <= value <= 1.0 else POINT * abs(value)
+def paired_verdict(candidate: Mapping[int, float], reference: Mapping[int, float], mode: str,
+                   margin: float | None = None, scale: str | None = None) -> Verdict | None:
+    """Candidate vs reference on the seeds both ran; None when they share none. `margin` None: the default
+    of the metric's scale (1 point, or 2 % of the reference); `scale` None: read from the values."""
+    scale = scale or scale_of(mode, [*candidate.values(), *reference.values()])
+    differences = oriented_differences(candidate, reference, mode, scale)
+    return verdict(differences, DEFAULT_MARGIN[scale] if margin is None else margin, scale)
 
 
-def within(value: float, best: float, points: float) -> bool:
-    """True when `value` is no more than `points` points away from `best` (either direction of mode)."""
-    return abs(value - best) <= points * point_size(best) + 1e-12
+def bootstrap_ratio_of_medians(base: Iterable[float], new: Iterable[float], resamples: int = BOOTSTRAP_RESAMPLES,
+                               seed: int = BOOTSTRAP_SEED) -> tuple[float, float, float]:
+    """median(new) / median(base) and its percentile-bootstrap CI, each run resampled on its own.
 
+    Medians, because a shared machine throws in the odd slow step; a ratio, because "30 % slower" is what a
+    threshold speaks of. Resampling each run independently assumes steps are exchangeable within a run,
+    which warm-up exclusion is there to make true.
+    """
+    b, n = np.asarray(list(base), dtype=float), np.asarray(list(new), dtype=float)
+    rng = np.random.default_rng(seed)
+    base_medians = np.median(b[rng.integers(0, b.size, (resamples, b.size))], axis=1)
+    new_medians = np.median(n[rng.integers(0, n.size, (resamples, n.size))], axis=1)
+    tail = 100 * (1 - CONFIDENCE) / 2
+    low, high = np.percentile(new_medians / base_medians, [tail, 100 - tail])
+    return float(np.median(n) / np.median(b)), float(low), float(high)
+
+
+# --- time to target, Pareto front, performance profile ---------------------------------------------------
+
+def reached(curve: object, target: float, mode: str) -> tuple[float, float] | None:
+    """(step, training seconds) of the first eval-curve point at or beyond `target`; None if never."""
+    for point in curve if isinstance(curve, list) else []:
+        step, seconds, value = point[:3]
+        if is_finite(value) and (value >= target if mode == "max" else value <= target):
+            return float(step), float(seconds)
+    return None
+
+
+@dataclass(frozen=True)
+class TimeToTarget:
+    """AlgoPerf's rule: a seed that missed counts as infinite, the median over all seeds is the figure."""
+
+    median: float  # inf when at least half the seeds missed
+    reached: int
+    n: int
+
+    @property
+    def everywhere(self) -> bool:
+        """Reached on every seed: only then may it be called first or fastest."""
+        return self.n > 0 and self.reached == self.n
+
+    def text(self, decimals: int = 1) -> str:
+        value = "missed" if math.isinf(self.median) else f"{self.median:,.{decimals}f}"
+        return f"{value} (reached {self.reached}/{self.n})"
+
+
+def time_to_target(values: Iterable[float | None]) -> TimeToTarget | None:
+    """Median over the seeds with a miss (None or inf) as infinite; NaN (no curve) is not a seed. None: no seed."""
+    seeds = [math.inf if v is None or v == math.inf else float(v) for v in values
+             if v is None or not (isinstance(v, float) and math.isnan(v))]
+    if not seeds:
+        return None
+    return TimeToTarget(float(np.median(seeds)), sum(math.isfinite(v) for v in seeds), len(seeds))
+
+
+def dominates(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    """(cost, value): a needs no more and gives no less than b, strictly better in one."""
+    return a[0] <= b[0] and a[1] >= b[1] and (a[0] < b[0] or a[1] > b[1])
+
+
+def pareto_front(costs: Sequence[float], values: Sequence[float]) -> list[int]:
+    """Indices of the points no other point dominates (less or equal cost, higher or equal value, strictly
+    better in one), ordered by cost; of points equal on both axes the first stays. Orient `values` so that
+    larger is better (negate a perplexity)."""
+    points = list(zip(costs, values, strict=True))
+    front = [i for i, p in enumerate(points)
+             if not any(dominates(q, p) or (q == p and j < i) for j, q in enumerate(points) if j != i)]
+    return sorted(front, key=lambda i: points[i])
+
+
+def performance_profile(times: Mapping[str, Mapping[str, float | None]],
+                        taus: Sequence[float] = PROFILE_TAUS) -> dict[str, list[float]]:
+    """AlgoPerf-style profile: per optimizer, the share of jobs whose time to target (the median with misses
+    as infinite) is within tau x the fastest on that job. None or inf: missed, counted against it at every tau."""
+    optimizers = sorted({name for per_job in times.values() for name in per_job})
+    ratios: dict[str, list[float]] = {name: [] for name in optimizers}
+    for per_job in times.values():
+        finite = [t for t in per_job.values() if is_finite(t) and t > 0]  # type: ignore[operator]
+        best = min(finite) if finite else None
+        for name in optimizers:
+            value = per_job.get(name)
+            ok = best is not None and is_finite(value) and value > 0  # type: ignore[operator]
+            ratios[name].append(value / best if ok else math.inf)  # type: ignore[operator]
+    return {name: [sum(r <= tau for r in ratios[name]) / len(times) for tau in taus] for name in optimizers}
+
+
+def profile_score(fractions: Sequence[float], taus: Sequence[float] = PROFILE_TAUS) -> float:
+    """Area under a performance profile over the tau range, 0..1 (1: fastest to target on every job)."""
+    return float(np.trapezoid(fractions, taus) / (taus[-1] - taus[0]))
+
+
+# --- the study's lr choice ---------------------------------------------------------------------------------
 
 def best_value(values: Sequence[float], mode: str) -> float:
     return max(values) if mode == "max" else min(values)
 
 
 def tunability(values: Sequence[float | None], mode: str, points: float = 1.0) -> float | None:
-    """Share of an optimizer's lr grid whose validation metric is within `points` of its best point.
-    Failed or diverged points (None) count in the grid but never as near the best: an optimizer that is
-    good only at one lr out of four scores 0.25, one that is good everywhere scores 1."""
-    finite = [v for v in values if _finite(v)]
-    if not values or not finite:
+    """Share of an optimizer's lr grid whose validation metric is within `points` points (1 % of the value
+    for a metric not in [0, 1]) of its best. Failed points (None) count in the grid, never as near."""
+    finite = [float(v) for v in values if is_finite(v)]  # type: ignore[arg-type]
+    if not finite:
         return None
     best = best_value(finite, mode)
-    return sum(within(v, best, points) for v in finite) / len(values)
+    size = POINT if 0.0 <= best <= 1.0 else POINT * abs(best)
+    return sum(abs(v - best) <= points * size + 1e-12 for v in finite) / len(values)
 
 
-def performance_profile(times: Mapping[str, Mapping[str, float | None]],
-                        taus: Sequence[float] = PROFILE_TAUS) -> dict[str, list[float]]:
-    """AlgoPerf-style profile: for each optimizer, the share of jobs where its time to target is within
-    tau x the fastest optimizer's time on that job. `times[job][optimizer]` is None when the optimizer
-    never reached the target (or failed); such a job counts against it at every tau."""
-    optimizers = sorted({name for per_job in times.values() for name in per_job})
-    ratios: dict[str, list[float]] = {name: [] for name in optimizers}
-    for per_job in times.values():
-        reached = [t for t in per_job.values() if _finite(t) and t > 0]
-        best = min(reached) if reached else None
-        for name in optimizers:
-            value = per_job.get(name)
-            ratios[name].append(value / best if best and _finite(value) and value > 0 else math.inf)
-    jobs = len(times)
-    return {name: [sum(r <= tau for r in ratios[name]) / jobs for tau in taus] for name in optimizers}
+@dataclass(frozen=True)
+class LrPoint:
+    lr: float
+    status: str  # "ok" when every tune seed finished ok; else the first failure; "missing" when none ran
+    value: float | None  # mean validation metric over the tune seeds; None unless ok and finite
+    values: tuple[float, ...] = ()  # one per tune seed
 
 
-def profile_score(fractions: Sequence[float], taus: Sequence[float] = PROFILE_TAUS) -> float:
-    """Area under a performance profile, divided by the tau range so the score runs from 0 to 1
-    (1: fastest to target on every job)."""
-    return float(np.trapezoid(fractions, taus) / (taus[-1] - taus[0]))
+@dataclass
+class LrChoice:
+    """The tune stage's outcome for one optimizer: every grid point, and the lr chosen (None: none ok)."""
+
+    optimizer: str
+    points: list[LrPoint]
+    metric: str
+    mode: str
+    tune_steps: int
+    lr: float | None = None
+    note: str = ""
+    tunability: float | None = field(default=None)
+    band: float | None = None  # the near-tie band used, in the metric's own unit
+    band_basis: str = ""  # what the band was derived from, in words
+    tune_seeds: int = 0
 
 
-def _finite(value: object) -> bool:
-    try:
-        return value is not None and math.isfinite(float(value))  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return False
+def tie_band(points: Sequence[LrPoint], mode: str, val_rows: int | None = None) -> tuple[float, str]:
+    """The near-tie band: the standard error of the difference of two grid points' means, √2 x SE(mean).
+
+    Per tune seed, a metric in [0, 1] has the binomial error √(p(1-p)/val_rows) of its validation split,
+    combined (root sum of squares) with the pooled across-seed SD when there are >= 2 tune seeds; other
+    metrics use the seed SD alone, or 0.5 % of the best value with one seed. Records without `val_rows`
+    and one seed (schema 1) keep the old fixed half point.
+    """
+    usable = [p for p in points if p.value is not None]
+    best = best_value([p.value for p in usable], mode)  # type: ignore[misc]
+    seeds = max(len(p.values) for p in usable)
+    spread = [p.values for p in usable if len(p.values) >= 2]
+    dof = sum(len(v) - 1 for v in spread)
+    pooled = math.sqrt(sum((len(v) - 1) * float(np.var(v, ddof=1)) for v in spread) / dof) if dof else None
+    parts, basis = [], []
+    if scale_of(mode, [p.value for p in usable]) == POINTS and val_rows:
+        parts.append(best * (1 - best) / val_rows)
+        basis.append(f"binomial error of {val_rows} validation rows")
+    if pooled is not None:
+        parts.append(pooled**2)
+        basis.append(f"seed SD over {seeds} tune seeds")
+    if not parts:
+        if scale_of(mode, [p.value for p in usable]) == POINTS:
+            return LEGACY_TIE, "half a point: the records carry no val_rows"
+        return RELATIVE_TIE * abs(best), "0.5 % of the best (one tune seed)"
+    return math.sqrt(2 * sum(parts) / seeds), " + ".join(basis)
+
+
+def choose_lr(points: Sequence[LrPoint], mode: str, band: float | None = None) -> tuple[float | None, str]:
+    """(chosen lr, why): the best mean validation metric; every lr within `band` of it is a near-tie, taken
+    toward the lr nearest (in log distance) the grid's geometric middle, an exact tie to the smaller lr,
+    since a lead smaller than the noise should not drag the choice to the edge of the grid."""
+    usable = [p for p in points if p.status == "ok" and p.value is not None]
+    if not usable:
+        return None, "no tune trial finished ok"
+    band = tie_band(usable, mode)[0] if band is None else band
+    best = best_value([p.value for p in usable], mode)  # type: ignore[misc]
+    near = [p for p in usable if abs(p.value - best) <= band + 1e-12]  # type: ignore[operator]
+    lrs = [p.lr for p in points]
+    middle = math.sqrt(min(lrs) * max(lrs))
+    chosen = min(near, key=lambda p: (round(abs(math.log(p.lr / middle)), 9), p.lr))  # 1e-4 and 1e-2 around 1e-3 tie
+    if len(near) == 1:
+        return chosen.lr, "best mean validation metric"
+    return chosen.lr, (f"{len(near)} lrs within the near-tie band {band:.3g} of the best; took the one nearest "
+                       f"the grid's geometric middle {middle:.3g}")
+
+
+def _point(lr: float, records: Sequence) -> LrPoint:
+    """One grid point from its tune records (latest per seed); any failed seed fails the point."""
+    by_seed = {int(r.seed): r for r in records}
+    if not by_seed:
+        return LrPoint(lr, "missing", None)
+    failed = [r.status if r.status != "ok" else "no metric" for r in by_seed.values()
+              if r.status != "ok" or not is_finite(r.val_metric)]
+    if failed:
+        return LrPoint(lr, failed[0], None)
+    values = tuple(float(by_seed[s].val_metric) for s in sorted(by_seed))
+    return LrPoint(lr, "ok", float(np.mean(values)), values)
+
+
+def choice_from_records(optimizer: str, grid: Sequence[float], records: Iterable, tune_steps: int) -> LrChoice:
+    """Rebuild one optimizer's lr choice from its tune records alone, so a resumed study chooses the same."""
+    records = list(records)
+    metric = next((r.target_metric for r in records), "accuracy")
+    mode = next((r.target_mode for r in records), "max")
+    points = [_point(lr, [r for r in records if math.isclose(float(r.lr), lr, rel_tol=1e-9)]) for lr in grid]
+    usable = [p for p in points if p.status == "ok"]
+    choice = LrChoice(optimizer, points, metric, mode, tune_steps,
+                      tunability=tunability([p.value for p in points], mode),
+                      tune_seeds=max((len(p.values) for p in usable), default=0))
+    if usable:
+        val_rows = max((int(r.val_rows) for r in records if r.val_rows), default=None)
+        choice.band, choice.band_basis = tie_band(usable, mode, val_rows)
+    choice.lr, choice.note = choose_lr(points, mode, choice.band)
+    return choice

@@ -1,54 +1,57 @@
-"""One trial: set up the workload and optimizer, train under an engine, measure, evaluate, return a Record.
+"""One trial, in this process: set up the workload and optimizer, train under an engine, measure, evaluate.
 
-Runs inside its own process (see runner.py) so peak memory starts from a clean slate and a crash takes
-only this trial down. `python -m optbench.trial SPEC.json RECORD.json` is that process's entry.
+`run_trial(spec) -> Record` starts no process. The process layer (optbench/process/) runs it in a fresh child
+per trial, so peak memory starts from a clean slate and a crash takes only that trial down; tests and the
+benchmark suite call it directly. A parallel trial (`spec.parallel != "none"`) runs only inside a torchrun
+rank, which the process layer starts.
 
-The trial reads top to bottom: `setup` (device, workload, precision, optimizer), `describe_model`
-(sizes and the analytic state count), the engine's timed loop (engines/), `describe_state` and the
-memory and speed figures, then `evaluate_final`. Timing discipline lives in the engine: the first
-optimizer step (lazy state creation, compilation) is reported apart as `first_step_s`, the medians
-cover the steps after `warmup_steps`, probes and evaluations sit outside the timed intervals.
+The trial reads top to bottom: `setup` (device, workload, precision, optimizer, schedule), `describe_model`
+(sizes and the analytic state count), the device bandwidth before training, the engine's timed loop
+(engines/), `describe_state`, the memory and speed figures, the bandwidth again, then `evaluate_final`.
+Timing discipline lives in the engine: the first optimizer step (lazy state creation, compilation) is
+reported apart as `first_step_s`, the medians cover the steps after `warmup_steps`, probes and evaluations sit
+outside the timed intervals and outside the memory window.
 """
 
 from __future__ import annotations
 
-import json
+import copy
 import os
 import random
-import sys
 import time
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from optbench import measure
-from optbench.environment import cpu_name, environment
+from optbench.engines import Diverged, Setup, engine_for, evaluate
+from optbench.environment import GPU_PINNED_ENV, cpu_name, environment
 from optbench.optimizers import OptimizerSpec, resolve
 from optbench.plan import TrialSpec
-from optbench.precision import Precision, dtype_name, parse_precision
-from optbench.results import Record, split_peak_memory
+from optbench.precision import dtype_name, parse_precision
+from optbench.results import Record, job_key, split_peak_memory
+from optbench.schedules import make_scheduler
 
 DIVERGENCE_FACTOR = 3.0  # final loss this many times the first loss (or the chance loss) → diverged
-EVAL_CURVE_ROWS = 256  # the fixed subset `--eval-every` evaluates: enough for a curve, cheap enough to repeat
-THREADS_ENV = "OPTBENCH_TORCH_THREADS"  # set by the runner when trials share the CPU (--jobs)
-
-
-class Diverged(RuntimeError):
-    """The training loss became non-finite or blew up."""
+BANDWIDTH_SAMPLES = 5  # triad passes before and again after training: the roofline's ceiling and its spread
 
 
 def resolve_device(name: str) -> torch.device:
+    """The torch device a spec's device name means in this process. Where the process layer pinned the trial's
+    GPU (CUDA_VISIBLE_DEVICES holds only it), `cuda:N` is this process's cuda:0."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         device = torch.device(name)
     except RuntimeError:
         raise ValueError(f"unknown device '{name}'; use auto, cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and os.environ.get(GPU_PINNED_ENV):
+        device = torch.device("cuda", 0)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device '{name}' asked for, but this torch build sees no CUDA device (use --device cpu)")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(f"device '{name}' asked for, but only {torch.cuda.device_count()} GPU(s) are visible")
     return device
 
 
@@ -69,55 +72,26 @@ def record_from_spec(spec: TrialSpec) -> Record:
         name, precision, lr = spec.optimizer, "", spec.lr or 0.0
     record = Record(
         trial_id=spec.trial_id, optimizer=name, optimizer_kwargs=dict(spec.optimizer_kwargs),
-        state_precision=precision, workload=spec.workload, model=spec.model or spec.workload,
-        dataset=spec.dataset or "embedded-reviews", seed=spec.seed, device=spec.device, steps=spec.steps,
-        warmup_steps=spec.warmup_steps, batch_size=spec.batch_size, seq_len=spec.seq_len, lr=lr,
-        fidelity=spec.fidelity, started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        stage=spec.stage, engine=spec.engine, parallel=spec.parallel, world_size=spec.nproc,
-        precision=spec.precision,
+        state_precision=precision, workload=spec.workload, workload_options=dict(spec.workload_options),
+        model=spec.model or spec.workload, dataset=spec.dataset or "embedded-reviews", seed=spec.seed,
+        device=spec.device, steps=spec.steps, warmup_steps=spec.warmup_steps, batch_size=spec.batch_size,
+        seq_len=spec.seq_len, eval_size=spec.eval_size, lr=lr, schedule=spec.schedule, fidelity=spec.fidelity,
+        started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), stage=spec.stage, engine=spec.engine,
+        parallel=spec.parallel, world_size=spec.nproc, precision=spec.precision, resume_check=spec.resume_check,
     )
     try:
         workload = get_workload(spec.workload)
         record.target_metric, record.target_mode = workload.target_metric, workload.target_mode
         record.model, record.dataset = workload.model_name(spec), workload.dataset_name(spec)
+        record.pretrained = workload.is_pretrained(spec)
     except WorkloadError:
         pass
     # Where it would have run and on what: a failed trial's record still lands in its job (compare, report).
     if spec.device == "auto":
         record.device = "cuda" if torch.cuda.is_available() else "cpu"
-    record.env = environment()
+    record.job_key = job_key(record)
+    record.env = environment(None if record.device.startswith("cuda") else torch.device("cpu"))
     return record
-
-
-@dataclass
-class Setup:
-    """Everything an engine needs to train one trial."""
-
-    spec: TrialSpec
-    device: torch.device
-    precision: Precision
-    workload: Any  # optbench.workloads.Workload
-    built: Any  # optbench.workloads.Built
-    model: torch.nn.Module
-    entry: OptimizerSpec
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
-    scaler: torch.amp.GradScaler | None = None
-    params: list[torch.nn.Parameter] = field(default_factory=list)
-
-    @property
-    def curve_split(self) -> dict[str, torch.Tensor] | None:
-        """The fixed subset `--eval-every` scores: from validation in the tune stage, else from eval."""
-        from optbench.workloads.base import take
-
-        split = self.built.val if self.spec.stage == "tune" else self.built.eval
-        return None if split is None else take(split, slice(0, EVAL_CURVE_ROWS))
-
-
-def lr_lambda(warmup_steps: int):
-    # Linear warm-up, then constant: the schedule fine-tuning recipes start from, and it keeps the
-    # comparison about the optimizers rather than about the decay.
-    return lambda step: min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else 1.0
 
 
 def setup(spec: TrialSpec, record: Record) -> Setup:
@@ -125,7 +99,12 @@ def setup(spec: TrialSpec, record: Record) -> Setup:
     from optbench.workloads import get_workload
 
     device = resolve_device(spec.device)
-    record.device, record.device_name = str(device), device_name(device)
+    if device.type == "cuda":
+        # "cuda" then means this GPU everywhere: CUDA events, streams and libraries follow the current device
+        torch.cuda.set_device(device)
+    pinned = bool(os.environ.get(GPU_PINNED_ENV)) and spec.device.startswith("cuda")
+    record.device = spec.device if pinned else str(device)  # the user's cuda:N, not the pinned process's cuda:0
+    record.device_name, record.env = device_name(device), environment(device)
     precision = parse_precision(spec.precision)
     record.param_dtype, record.autocast_dtype = dtype_name(precision.param_dtype), dtype_name(precision.autocast_dtype)
     entry = resolve(spec.optimizer)
@@ -133,14 +112,15 @@ def setup(spec: TrialSpec, record: Record) -> Setup:
     workload = get_workload(spec.workload)
     built = workload.build(spec)
     record.model, record.dataset, record.pretrained = built.model_name, built.dataset_name, built.pretrained
+    record.val_rows = None if built.val is None else next(iter(built.val.values())).shape[0]
     model = built.model.to(device=device, dtype=precision.param_dtype)
     model.train()
     optimizer = entry.build_for(model, lr=record.lr, **spec.optimizer_kwargs)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(spec.warmup_steps))
     measure.slow_down_if_asked(optimizer)
     return Setup(spec=spec, device=device, precision=precision, workload=workload, built=built, model=model,
-                 entry=entry, optimizer=optimizer, scheduler=scheduler, scaler=precision.grad_scaler(device),
-                 params=[p for p in model.parameters() if p.requires_grad])
+                 entry=entry, optimizer=optimizer,
+                 scheduler=make_scheduler(optimizer, spec.schedule, spec.steps, spec.warmup_steps),
+                 scaler=precision.grad_scaler(device), params=[p for p in model.parameters() if p.requires_grad])
 
 
 def describe_model(record: Record, model: torch.nn.Module, entry: OptimizerSpec) -> None:
@@ -163,49 +143,41 @@ def describe_model(record: Record, model: torch.nn.Module, entry: OptimizerSpec)
     record.optimizer_step_traffic_bytes = facts.step_traffic_bytes
 
 
-def describe_state(record: Record, optimizer: torch.optim.Optimizer, entry: OptimizerSpec) -> None:
-    """The state the optimizer really holds after training (it is created lazily on the first step)."""
+def describe_state(record: Record, optimizer: torch.optim.Optimizer, entry: OptimizerSpec,
+                   model: torch.nn.Module | None = None, state_map_dir: str | None = None) -> None:
+    """The state the optimizer really holds after training (it is created lazily on the first step), and where it
+    sits: per module kind on the record, the full per-parameter map as a CSV in `state_map_dir` when asked."""
+    from optbench import statemap
+
     record.state_bytes, record.state_bytes_by_key = measure.optimizer_state_bytes(optimizer)
+    if model is not None:
+        rows = statemap.measured_state_map(optimizer, model)
+        record.state_bytes_by_module = statemap.bytes_by_module(rows)
+        if state_map_dir:
+            statemap.write_state_map(rows, Path(state_map_dir) / f"{record.optimizer}-seed{record.seed}-"
+                                                                  f"{record.trial_id}.csv")
     record.state_bytes_per_param = record.state_bytes / record.num_params
     record.paged, record.paged_reason = entry.paging(optimizer)
+    record.optimizer_impl = measure.optimizer_impl(optimizer)
+    if record.rss_growth_after_step_bytes is not None and record.grads_bytes is not None:
+        record.held_other_bytes = record.rss_growth_after_step_bytes - record.grads_bytes - record.state_bytes
 
 
-def describe_speed(record: Record, step_times: list[float], optimizer_times: list[float]) -> None:
-    """Medians, IQRs and the raw samples (after warm-up), throughput and the roofline share."""
-    record.step_time_samples_s, record.optimizer_step_samples_s = step_times, optimizer_times
-    record.step_time_median_s, record.step_time_iqr_s = measure.median_iqr(step_times)
-    record.optimizer_step_median_s, record.optimizer_step_iqr_s = measure.median_iqr(optimizer_times)
-    if record.step_time_median_s:
-        record.samples_per_s = record.batch_size / record.step_time_median_s
-    if record.optimizer_step_median_s and record.device_copy_bandwidth_bytes_per_s and \
-            record.optimizer_step_traffic_bytes:
-        achieved = record.optimizer_step_traffic_bytes / record.optimizer_step_median_s
-        record.roofline_fraction = achieved / record.device_copy_bandwidth_bytes_per_s
-
-
-def evaluate(s: Setup, split: dict[str, torch.Tensor]) -> dict[str, float]:
-    """The workload's metrics on `split`, in eval mode (and the optimizer's eval mode, e.g. schedule-free)."""
-    s.model.eval()
-    s.entry.before_eval(s.optimizer)
-    try:
-        with s.precision.autocast(s.device):
-            return s.workload.evaluate(s.model, split, s.device)
-    finally:
-        s.entry.after_eval(s.optimizer)
-        s.model.train()
+def describe_bandwidth(record: Record, samples: list[float]) -> None:
+    """The roofline's ceiling: median and inter-quartile range of the triad samples taken around training."""
+    record.device_bandwidth_bytes_per_s, record.device_bandwidth_iqr_bytes_per_s = measure.median_iqr(samples)
 
 
 def evaluate_final(s: Setup, record: Record) -> None:
-    """Tune trials are scored on the validation split (the eval split was never built for them); others
-    on the eval split."""
-    if s.spec.stage == "tune":
+    """Every split the trial built: validation (study trials: it picks the lr) and eval (what is reported)."""
+    if s.built.val is not None:
         record.val_metrics = evaluate(s, s.built.val)
         record.val_metric = record.val_metrics.get(record.target_metric)
         record.val_accuracy = record.val_metrics.get("accuracy")
-        return
-    record.eval_metrics = evaluate(s, s.built.eval)
-    record.eval_accuracy = record.eval_metrics.get("accuracy")
-    record.eval_f1 = record.eval_metrics.get("f1")
+    if s.built.eval is not None:
+        record.eval_metrics = evaluate(s, s.built.eval)
+        record.eval_accuracy = record.eval_metrics.get("accuracy")
+        record.eval_f1 = record.eval_metrics.get("f1")
 
 
 def time_to_target(record: Record, target: float) -> None:
@@ -234,17 +206,13 @@ def _is_oom(exc: BaseException) -> bool:
 
 
 def run_trial(spec: TrialSpec) -> Record:
-    """Run one trial to a record; failures become a status, never an exception."""
-    from optbench.engines import parallel
-
-    if spec.parallel != "none" and not parallel.in_group():
-        from optbench.executors import LocalExecutor
-
-        # a torchrun group runs it, as in a sweep; rank 0's record (or the group's failure) comes back
-        return LocalExecutor(echo=False).run(spec, {})
+    """Run one trial to a record in this process; failures become a status, never an exception."""
     record = record_from_spec(spec)
     start = time.perf_counter()
     try:
+        if spec.parallel != "none" and not torch.distributed.is_initialized():
+            raise RuntimeError(f"--parallel {spec.parallel} trials run in a torchrun group: run them through the "
+                               "sweep (optbench.process.run_sweep) or LocalExecutor, not run_trial")
         _train_and_measure(spec, record)
         record.status = "ok"
     except Diverged as exc:
@@ -257,48 +225,34 @@ def run_trial(spec: TrialSpec) -> Record:
 
 
 def _train_and_measure(spec: TrialSpec, record: Record) -> None:
-    from optbench.engines import engine_for
+    from optbench.resume import ResumeCheck
 
     s = setup(spec, record)
     describe_model(record, s.model, s.entry)
-    record.device_copy_bandwidth_bytes_per_s = measure.copy_bandwidth_bytes_per_s(s.device)
+    bandwidth = measure.triad_bandwidth_samples(s.device, BANDWIDTH_SAMPLES)
+    check = ResumeCheck(s, record) if spec.resume_check else None
+    s.after_step = None if check is None else check.after_step
     result = engine_for(spec)(s, record)
-    describe_state(record, s.optimizer, s.entry)
+    describe_state(record, s.optimizer, s.entry, s.model, spec.state_map_dir)
     result.memory.fill(record)
     split_peak_memory(record)
-    describe_speed(record, result.step_times, result.optimizer_times)
+    describe_bandwidth(record, bandwidth + measure.triad_bandwidth_samples(s.device, BANDWIDTH_SAMPLES))
+    measure.describe_speed(record, result.step_times, result.optimizer_times)
     if spec.target is not None:
         time_to_target(record, spec.target)
+    if check is not None:
+        check.finish(fresh_setup(spec, record))
     evaluate_final(s, record)
     check_divergence(record, s.built.chance_loss)
 
 
-def apply_process_settings(spec: TrialSpec) -> None:
-    """Settings of the trial's own process: a CPU thread share (--jobs) and an address-space cap
-    (--max-memory, so a trial that would exhaust the machine fails with an `oom` record instead)."""
-    from optbench.child import cap_memory
+def fresh_setup(spec: TrialSpec, record: Record) -> Setup:
+    """New model, optimizer and schedule from the same spec (what a resumed job builds before loading), wrapped
+    for the parallel mode like the trial's own; the trial's record is left as it is."""
+    scratch = copy.copy(record)
+    s = setup(spec, scratch)
+    if spec.parallel != "none":
+        from optbench.engines.parallel import prepare
 
-    threads = os.environ.get(THREADS_ENV)
-    if threads:
-        torch.set_num_threads(int(threads))
-    if spec.max_memory_bytes:
-        cap_memory(resolve_device(spec.device), spec.max_memory_bytes)
-
-
-def main(argv: list[str]) -> int:
-    """Child-process entry: read a spec, run it, write the record. Exit 0 whenever a record was written.
-    Inside a torchrun group (a parallel trial) each rank runs it and rank 0 writes the gathered record."""
-    from optbench.engines import parallel
-
-    spec_path, record_path = Path(argv[0]), Path(argv[1])
-    spec = TrialSpec.from_dict(json.loads(spec_path.read_text()))
-    apply_process_settings(spec)
-    if spec.parallel != "none" and parallel.in_group():
-        return parallel.rank_main(spec, record_path)
-    record = run_trial(spec)
-    record_path.write_text(json.dumps(record.to_dict(), default=str))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+        prepare(s, scratch)
+    return s

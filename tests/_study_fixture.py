@@ -1,5 +1,7 @@
-"""Hand-made study records shared by the report, plot and browser tests: two jobs, a tune stage with a
-diverged point, three final seeds with eval curves. Deterministic, no torch."""
+"""Hand-made study records shared by the report, plot and browser tests, shaped as `study` writes them now: two
+jobs; a tune stage at the finals' own job (seed 0 over the lr grid, validation and eval metrics, one diverged
+point), then final seeds 1 and 2 at the chosen lr, all with eval curves. The tune trial at the chosen lr is seed
+0's final. Deterministic, no torch. (Schema-1 study files, tuned on fewer steps: test_summary.py.)"""
 
 import math
 
@@ -8,6 +10,7 @@ from optbench.results import Record
 
 MIB = 2**20
 GRID = [1e-5, 1e-4, 1e-3, 1e-2]
+VAL_ROWS = 400
 # optimizer: (best lr, state MiB, step s, final accuracy offset, per-seed noise)
 PROFILE = {"adamw": (1e-4, 80.0, 0.40, 0.00, (0.000, 0.010, -0.005)),
            "adafactor": (1e-3, 0.5, 0.42, -0.04, (0.000, 0.012, -0.006)),
@@ -28,9 +31,8 @@ def _record(spec: TrialSpec, model: str) -> Record:
         if spec.optimizer == "adamw8bit" and spec.lr == GRID[-1]:
             record.status, record.error = "diverged", "loss became nan at step 7"
             return record
-        record.val_metrics = {"accuracy": score}
-        record.val_metric = record.val_accuracy = score
-        return record
+        record.val_metrics, record.val_metric, record.val_accuracy = {"accuracy": score}, score, score
+        record.val_rows = VAL_ROWS
     value = score + noise[spec.seed]
     record.eval_metrics, record.eval_accuracy, record.eval_f1 = {"accuracy": value}, value, value
     slow = 1.0 if model != "scratch" else 2.0
@@ -42,13 +44,12 @@ def _record(spec: TrialSpec, model: str) -> Record:
 def study_records() -> list[Record]:
     records = []
     for model in ("minilm", "scratch"):
-        common = dict(workload="w", steps=8, batch_size=16, seq_len=32)
+        common = dict(workload="w", steps=8, batch_size=16, seq_len=32, eval_every=1)
         for name in PROFILE:
             for lr in GRID:
-                spec = TrialSpec(optimizer=name, lr=lr, stage="tune", **{**common, "steps": 4})
-                records.append(_record(spec, model))
-        for seed in (0, 1, 2):
+                records.append(_record(TrialSpec(optimizer=name, lr=lr, seed=0, stage="tune", **common), model))
+        for seed in (1, 2):
             for name, (best_lr, *_rest) in PROFILE.items():
-                records.append(_record(TrialSpec(optimizer=name, lr=best_lr, seed=seed, stage="final",
-                                                 eval_every=1, **common), model))
+                records.append(_record(TrialSpec(optimizer=name, lr=best_lr, seed=seed, stage="final", **common),
+                                       model))
     return records

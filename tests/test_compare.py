@@ -7,12 +7,13 @@ import json
 import numpy as np
 import pytest
 
-from optbench import compare
+from optbench import compare, metrics, stats
 from optbench.__main__ import main
 from optbench.results import Record, append_record
 
 MIB = 2**20
 JOB = dict(model="m", dataset="d", device="cpu", steps=10, batch_size=4, seq_len=8, workload="w")
+LABEL = "m on d, cpu, 10 steps x batch 4 x seq 8, linear lr"  # results.job_label of JOB
 
 
 def _ok(optimizer, precision, state_mib, growth_mib, step_s, acc):
@@ -52,7 +53,7 @@ def test_twenty_percent_slower_fails_naming_the_row(base, tmp_path, capsys):
     slower = _doctored(tmp_path / "new.jsonl", "adamw8bit", step_time_median_s=0.480)
     assert main(["compare", str(base), str(slower), "--max-slowdown", "10"]) == 1
     out = capsys.readouterr().out
-    assert "adamw8bit [m on d, cpu, 10 steps x batch 4 x seq 8]: step time +20.0 % (limit 10 %)" in out
+    assert f"adamw8bit [{LABEL}]: step time +20.0 % (limit 10 %)" in out
     assert "- adamw [" not in out  # the untouched optimizer is not named
     assert main(["compare", str(base), str(slower), "--max-slowdown", "25%"]) == 0
 
@@ -60,7 +61,7 @@ def test_twenty_percent_slower_fails_naming_the_row(base, tmp_path, capsys):
 def test_optimizer_step_slowdown_is_a_regression_too(base, tmp_path, capsys):
     slower = _doctored(tmp_path / "new.jsonl", "adamw", optimizer_step_median_s=0.075)  # base 0.050
     assert main(["compare", str(base), str(slower), "--max-slowdown", "10"]) == 1
-    assert "- adamw [m on d, cpu, 10 steps x batch 4 x seq 8]: optimizer step +50.0 %" in capsys.readouterr().out
+    assert f"- adamw [{LABEL}]: optimizer step +50.0 %" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("changes,message", [
@@ -102,7 +103,7 @@ def test_export_for_github_action_benchmark(base, tmp_path, capsys):
     assert main(["compare", str(base), str(base), "--export-github-benchmark", str(out)]) == 0
     smaller = json.loads(out.read_text())
     bigger = json.loads((tmp_path / "gh" / "bench-accuracy.json").read_text())
-    job = "m on d, cpu, 10 steps x batch 4 x seq 8"
+    job = LABEL
     by_name = {entry["name"]: entry for entry in smaller}
     assert by_name[f"adamw: step time ({job})"] == {"name": f"adamw: step time ({job})", "unit": "ms",
                                                      "value": 200.0}
@@ -160,9 +161,9 @@ def _noisy(n, scale=1.0, spread=0.05, seed=0):
 
 
 def test_bootstrap_ci_brackets_the_true_ratio_and_is_reproducible():
-    ratio, low, high = compare.bootstrap_ratio_of_medians(_noisy(40, seed=1), _noisy(40, scale=1.3, seed=2))
+    ratio, low, high = stats.bootstrap_ratio_of_medians(_noisy(40, seed=1), _noisy(40, scale=1.3, seed=2))
     assert low < 1.3 < high and low < ratio < high
-    assert compare.bootstrap_ratio_of_medians(_noisy(40, seed=1), _noisy(40, scale=1.3, seed=2)) == (ratio, low, high)
+    assert stats.bootstrap_ratio_of_medians(_noisy(40, seed=1), _noisy(40, scale=1.3, seed=2)) == (ratio, low, high)
 
 
 def test_same_distribution_twice_is_within_noise(tmp_path, capsys):
@@ -218,17 +219,10 @@ def test_paired_accuracy_over_seeds(tmp_path, capsys):
     assert main(["compare", str(base), str(new)]) == 1
     assert "eval accuracy -3.8 pts, 95 % CI" in capsys.readouterr().out
     mixed = _write(tmp_path / "c.jsonl", [_timed("adamw", _noisy(10), seed=s, acc=a)
-                                          for s, a in enumerate([0.93, 0.84, 0.905])])  # -1.3 pts on average
-    assert main(["compare", str(base), str(mixed)]) == 0  # seeds disagree: the CI spans zero
-    assert "within noise" in capsys.readouterr().out
-
-
-def test_paired_t_matches_the_textbook():
-    mean, low, high, n = compare.paired_mean_difference_ci({0: 1.0, 1: 2.0, 2: 3.0, 3: 9.0},
-                                                            {0: 2.0, 1: 4.0, 2: 6.0, 3: 9.0, 4: 0.0})
-    assert n == 4 and mean == pytest.approx(1.5)  # diffs 1, 2, 3, 0 over the shared seeds
-    assert (high - low) / 2 == pytest.approx(3.182 * np.std([1, 2, 3, 0], ddof=1) / 2)
-    assert compare._t975(40) == pytest.approx(2.021, abs=1e-3)  # beyond the table: the expansion
+                                          for s, a in enumerate([0.93, 0.84, 0.905])])  # -0.8 pts on average
+    assert main(["compare", str(base), str(mixed)]) == 0  # seeds disagree: the CI reaches past -1 pt and above it
+    out = capsys.readouterr().out
+    assert "90.0 → 89.2 (-0.8 pts, CI -9.6 … +8.0: inconclusive (more than 1000 seeds would be needed))" in out
 
 
 def _stamped(records, **env):
@@ -259,14 +253,14 @@ def test_a_library_missing_in_one_run_is_a_difference():
 
 
 def test_peak_memory_floor_ignores_small_absolute_growth():
-    metric = next(m for m in compare.METRICS if m.column == "train_mem_mib")
+    metric = metrics.BY_COLUMN["train_mem_mib"]
     change = compare.Change(49.0)  # 15 -> 23 MiB: RSS noise of a tiny model in a shared process
     floor = compare.Thresholds(min_peak_growth_mib=32)
     assert compare.crossed(metric, change, compare.Thresholds(), growth=8.0) == "peak memory +49.0 % (limit 5 %)"
     assert compare.crossed(metric, change, floor, growth=8.0) is None
-    assert compare.crossed(metric, change, floor, growth=40.0) is not None
-    state = next(m for m in compare.METRICS if m.column == "state_mib")
-    assert compare.crossed(state, change, floor, growth=0.1) is not None  # state bytes are exact: no floor
+    assert compare.crossed(metric, change, floor, growth=40.0) == "peak memory +49.0 % (limit 5 %)"
+    state = metrics.BY_COLUMN["state_mib"]
+    assert compare.crossed(state, change, floor, growth=0.1) == "state +49.0 % (limit 5 %)"  # exact: no floor
 
 
 def test_the_cpu_generation_and_kernel_set_are_compared():
@@ -292,3 +286,54 @@ def test_a_run_timed_on_a_busy_machine_is_flagged_in_the_header(tmp_path, capsys
     assert "busy machine" not in capsys.readouterr().out
     assert main(["compare", str(quiet), str(busy)]) == 0  # a warning, not a verdict
     assert "NEW was timed on a busy machine (1-minute load up to 16.5 on 2 cores" in capsys.readouterr().out
+
+
+# --- the target metric of the `lm` workload: perplexity, lower is better, gated in % of BASE ---------------
+
+LM_JOB = dict(model="llama-h256-l4", dataset="d", device="cpu", steps=10, batch_size=4, seq_len=8, workload="lm")
+
+
+def _lm(seed, perplexity, optimizer="adamw"):
+    return Record(trial_id=f"lm-{optimizer}-{seed}", optimizer=optimizer, seed=seed, status="ok",
+                  state_precision="fp32", state_bytes=100 * MIB, peak_rss_growth_bytes=400 * MIB,
+                  step_time_median_s=0.2, optimizer_step_median_s=0.05, target_metric="perplexity", target_mode="min",
+                  eval_metrics={"perplexity": perplexity, "token_accuracy": 0.5}, **LM_JOB)
+
+
+BASE_PPL = [3.50, 3.62, 3.55]
+
+
+def test_a_perplexity_twenty_percent_worse_is_a_regression_naming_perplexity(tmp_path, capsys):
+    base = _write(tmp_path / "base.jsonl", [_lm(s, p) for s, p in enumerate(BASE_PPL)])
+    factors = [1.19, 1.21, 1.20]  # +20 % on average, seeds agreeing within a point
+    worse = _write(tmp_path / "worse.jsonl", [_lm(s, p * f) for s, (p, f)
+                                              in enumerate(zip(BASE_PPL, factors, strict=True))])
+    assert main(["compare", str(base), str(worse)]) == 1
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("- adamw ["))
+    assert "eval perplexity +20.0 %, 95 % CI +17.5 … +22.5 % (limit +2 %)" in line
+    assert "worse by at least 2 %" in out  # the table cell says it in the verdict words
+    assert main(["compare", str(base), str(worse), "--max-metric-worsening", "25"]) == 0
+    better = _write(tmp_path / "better.jsonl", [_lm(s, p * 0.8) for s, p in enumerate(BASE_PPL)])
+    assert main(["compare", str(base), str(better)]) == 0
+
+
+def test_perplexity_gate_directly_and_with_one_seed():
+    base, new = [_lm(0, 3.5)], [_lm(0, 3.5 * 1.03)]  # one seed: the plain threshold on the relative change
+    comparison = compare.compare(base, new, compare.Thresholds())
+    assert comparison.regressions == [f"adamw [{LABEL.replace('m on d', 'llama-h256-l4 on d')}]: "
+                                      "eval perplexity +3.0 % (limit +2 %)"]
+    assert compare.compare(base, new, compare.Thresholds(max_metric_worsening_pct=5.0)).regressions == []
+    # the accuracy threshold does not apply to perplexity, however strict
+    strict = compare.Thresholds(max_accuracy_drop_pts=0.0, max_metric_worsening_pct=5.0)
+    assert compare.compare(base, new, strict).regressions == []
+
+
+def test_perplexity_is_exported_as_smaller_is_better(tmp_path):
+    runs = [_lm(s, p) for s, p in enumerate(BASE_PPL)]
+    comparison = compare.compare(runs, runs, compare.Thresholds())
+    paths = compare.export_github_benchmark(comparison, tmp_path / "b.json")
+    smaller, bigger = (json.loads(p.read_text()) for p in paths)
+    ppl = next(e for e in smaller if "perplexity" in e["name"])
+    assert ppl["value"] == pytest.approx(np.mean(BASE_PPL)) and ppl["unit"] == "perplexity"
+    assert bigger == []

@@ -15,19 +15,20 @@ import time
 from pathlib import Path
 
 import pytest
+from _tiny import TINY, started
 
 from optbench import results
 from optbench.__main__ import main
-from optbench.executors import LocalExecutor
 from optbench.optimizers import OptimizerSpec
 from optbench.plan import TrialSpec
+from optbench.process import LocalExecutor, ResultsWriteError, run_sweep
 from optbench.results import Record, append_record, read_records
-from optbench.runner import ResultsWriteError, run_sweep
 
-TINY = dict(workload="tiny", device="cpu", steps=3, warmup_steps=1, batch_size=4, seq_len=16, eval_size=16)
 TINY_RUN = ["--workload", "tiny", "--device", "cpu", "--steps", "3", "--warmup-steps", "1", "--batch-size", "4",
             "--seq-len", "16", "--eval-size", "16"]
 ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+# 100000 steps: the trial is still training when the signal comes (the group is killed on the way out anyway)
+ENDLESS = ["run", *TINY_RUN[:4], "--steps", "100000", "--optimizers", "adamw", "--timeout", "600"]
 
 
 def _descendants(pid: int) -> set[int]:
@@ -63,7 +64,7 @@ def test_sigkill_mid_trial_then_rerun_resumes_without_loss_or_duplicates(tmp_pat
         from pathlib import Path
         from optbench.plan import build_grid
         from optbench.results import Record
-        from optbench.runner import run_sweep
+        from optbench.process import run_sweep
 
         def trial(spec):
             if spec.optimizer == "adafactor" and not Path({str(started)!r}).exists():
@@ -89,37 +90,51 @@ def test_sigkill_mid_trial_then_rerun_resumes_without_loss_or_duplicates(tmp_pat
     assert len(ids) == 6 == len(set(ids))  # every trial once: none lost, none recorded twice
 
 
+def _wait_for_trial(sweep: subprocess.Popen) -> set[int]:
+    """The sweep's process tree once the trial child (the leader of its own session) is running."""
+    deadline = time.monotonic() + 180
+    while True:
+        assert sweep.poll() is None and time.monotonic() < deadline, "the sweep ended before its trial started"
+        tree = _descendants(sweep.pid)
+        if any(os.getsid(pid) == pid for pid in tree if _alive(pid)):
+            return tree
+        time.sleep(0.2)
+
+
 @pytest.mark.parametrize("signum,status,word", [(signal.SIGINT, 130, "interrupted"),
                                                  (signal.SIGTERM, 143, "terminated")])
-def test_a_signal_stops_the_running_child_and_says_how_to_resume(tmp_path, signum, status, word):
-    """Ctrl-C reaches the whole foreground group; a scheduler's or CI's cancel sends SIGTERM to optbench."""
+def test_a_signal_stops_a_background_sweep_and_says_how_to_resume(tmp_path, signum, status, word):
+    """Started as a script's background job (SIGINT ignored), `kill -INT` or a scheduler's SIGTERM still stops the
+    sweep: one line on stderr, nothing after it, and no process of the sweep left."""
     out = tmp_path / "r.jsonl"
-    # The sweep gets its own process group and the signal from us: a non-interactive shell would start
-    # it with SIGINT ignored. 100000 steps: the trial is still training when the signal comes.
-    sweep = subprocess.Popen([sys.executable, "-m", "optbench", "run", *TINY_RUN[:2], "--steps", "100000",
-                              "--optimizers", "adamw", "--out", str(out)],
-                             env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                             start_new_session=True)
-    deadline = time.monotonic() + 180
-    trial_pids: set[int] = set()
-    while not trial_pids:  # the trial child leads its own session (setsid)
-        assert sweep.poll() is None and time.monotonic() < deadline, sweep.stderr.read()
-        trial_pids = {pid for pid in _descendants(sweep.pid) if os.getsid(pid) == pid} if _alive(sweep.pid) else set()
-        time.sleep(0.2)
-    if signum == signal.SIGINT:
-        os.killpg(sweep.pid, signum)
-    else:
+    with started([*ENDLESS, "--out", str(out)], ignore_sigint=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                 text=True) as sweep:
+        tree = _wait_for_trial(sweep)
         os.kill(sweep.pid, signum)
-    _, stderr = sweep.communicate(timeout=60)
-    assert sweep.returncode == status
-    assert stderr.strip().splitlines()[-1] == (f"optbench: {word}: 0 trials recorded, rerun the same command "
-                                              "to resume")
-    assert "Traceback" not in stderr
-    deadline = time.monotonic() + 10
-    while any(_alive(pid) for pid in trial_pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not any(_alive(pid) for pid in trial_pids), "the trial child outlived the interrupted sweep"
+        _, stderr = sweep.communicate(timeout=60)
+        assert sweep.returncode == status, stderr
+        assert stderr.strip().splitlines()[-1] == (f"optbench: {word}: 0 trials recorded, rerun the same command "
+                                                  "to resume"), stderr  # no resource-tracker warning after it
+        assert "Traceback" not in stderr
+        deadline = time.monotonic() + 10
+        while any(_alive(pid) for pid in tree) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(_alive(pid) for pid in tree), "a process of the interrupted sweep outlived it"
     assert not out.exists() or read_records(out) == []
+
+
+def test_a_sweep_killed_with_sigkill_leaves_no_process_behind(tmp_path):
+    """SIGKILL cannot be caught: the trial child, the forkserver and the resource tracker must notice on their own
+    (the child watches the sweep's pid) and be gone within 5 seconds."""
+    with started([*ENDLESS, "--out", str(tmp_path / "r.jsonl")], stdout=subprocess.DEVNULL,
+                 stderr=subprocess.DEVNULL) as sweep:
+        tree = _wait_for_trial(sweep)
+        assert len(tree) >= 3  # forkserver, resource tracker, trial child
+        os.kill(sweep.pid, signal.SIGKILL)
+        sweep.wait()
+        time.sleep(5)
+        left = {pid: Path(f"/proc/{pid}/cmdline").read_bytes()[:80] for pid in tree if _alive(pid)}
+        assert not left, f"alive 5 s after the sweep's SIGKILL: {left}"
 
 
 def test_trial_past_its_timeout_is_a_timeout_record_and_the_sweep_goes_on(tmp_path):
@@ -206,7 +221,7 @@ def test_unwritable_out_is_one_line_before_any_trial(tmp_path, monkeypatch, caps
     monkeypatch.chdir(tmp_path)
     out = _unwritable_dir(tmp_path) / "r.jsonl" if where == "read-only" else tmp_path
     ran = []
-    monkeypatch.setattr("optbench.runner.run_sweep", lambda *a, **k: ran.append(a))
+    monkeypatch.setattr("optbench.process.run_sweep", lambda *a, **k: ran.append(a))
     assert main(["run", *TINY_RUN, "--out", str(out)]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"optbench: error: cannot write results to {out}"), lines

@@ -3,10 +3,9 @@
 import pytest
 
 from optbench import measure, optimizers
-from optbench.__main__ import main
 from optbench.fidelity import UpdateFidelity, reference_settings
 from optbench.plan import TrialSpec
-from optbench.results import Record, append_record, split_peak_memory
+from optbench.results import Record, split_peak_memory
 from optbench.trial import run_trial
 
 TINY = dict(workload="tiny", device="cpu", steps=4, warmup_steps=1, batch_size=4, seq_len=16, eval_size=16)
@@ -104,17 +103,11 @@ def test_trial_records_the_peak_split(fidelity_records):
     assert record.other_peak_bytes == max(0, expected)
 
 
-def test_cli_fidelity_flag_reaches_the_spec(monkeypatch, tmp_path):
-    seen = []
+def test_cli_fidelity_flag_reaches_the_spec():
+    from optbench import planner
+    from optbench.__main__ import build_parser
+    from optbench.plan import PRESETS
 
-    def fake_sweep(specs, out, on_record=None, **options):
-        seen.extend(specs)
-        for spec in specs:
-            append_record(out, Record(trial_id=spec.trial_id, optimizer=spec.optimizer, status="ok"))
-        return []
-
-    monkeypatch.setattr("optbench.runner.run_sweep", fake_sweep)
-    code = main(["run", "--fidelity", "--workload", "tiny", "--optimizers", "adamw", "--steps", "2",
-                 "--out", str(tmp_path / "f.jsonl")])
-    assert code == 0
-    assert [s.fidelity for s in seen] == [True]
+    args = build_parser().parse_args(["run", "--fidelity", "--workload", "tiny", "--optimizers", "adamw"])
+    specs = planner.plan_run(vars(args), PRESETS[args.preset], args.optimizers, args.seeds).specs
+    assert [s.fidelity for s in specs] == [True]

@@ -13,6 +13,7 @@ import transformers
 
 from optbench import optimizers
 from optbench.measure import optimizer_state_bytes
+from optbench.optimizers import Param
 from optbench.workloads import tiny_bert_config
 
 ALL = list(optimizers.REGISTRY.values())
@@ -104,6 +105,40 @@ def test_fp32_state_numel_counts_what_stays_full_precision(name, dtype, share, t
     facts = optimizers.resolve(name).analytic_for(tiny_models[dtype])
     assert facts.fp32_state_numel == share(tiny_models[dtype]) > 0 or name == "adamw" and dtype == torch.bfloat16
     assert facts.fp32_state_fraction == facts.fp32_state_numel / facts.trainable_numel
+
+
+WORD = Param(shape=(30522, 384), name="bert.embeddings.word_embeddings.weight", embedding=True)
+HIDDEN = Param(shape=(1536, 384), name="bert.encoder.layer.0.intermediate.dense.weight")
+VECTOR = Param(shape=(384,), name="bert.encoder.layer.0.output.LayerNorm.weight")
+
+
+@pytest.mark.parametrize("name,param,why,bytes_by_dtype", [
+    ("adamw8bit", VECTOR, "fp32: under 4096 elements", {"float32": 2 * 4 * 384}),
+    ("adamw8bit", WORD, "8-bit", {"uint8": 2 * 30522 * 384, "float32": 2 * 4 * 30522 * 384 // 256}),
+    ("adamw8bit_hf", WORD, "fp32: embedding override (HF)", {"float32": 8 * 30522 * 384}),
+    ("muon", WORD, "AdamW fallback (embedding)", {"float32": 8 * 30522 * 384 + 4}),
+    ("muon", HIDDEN, "Muon momentum", {"float32": 4 * 1536 * 384}),
+    # rank-8 moments of the (1536, 8) projected gradient + the 384 x 384 SVD factor the fp32 basis is a view of
+    ("galore_adamw", HIDDEN, "low-rank r=8 (projected)", {"float32": 2 * 4 * 1536 * 8 + 4 * 384 * 384}),
+    ("galore_adamw", VECTOR, "not projected (vector)", {"float32": 2 * 4 * 384}),
+    ("adafactor", HIDDEN, "factored (rows + cols)", {"float32": 4 * (1536 + 384) + 4}),
+    ("adafactor_momentum", VECTOR, "full (vector) + momentum", {"float32": 4 * 384 * 2 + 4}),
+    ("adamw8bit_torchao", Param(shape=(5000,)), "fp32: block size does not divide", {"float32": 8 * 5000 + 4}),
+    ("adamw", Param(shape=(4, 4), itemsize=2), "full: 2 moments", {"bfloat16": 2 * 2 * 16, "float32": 4}),
+])
+def test_each_rule_says_what_a_parameter_gets_and_why(name, param, why, bytes_by_dtype):
+    spec = optimizers.resolve(name)
+    state = spec.rule(param, **spec.settings({}))
+    assert (state.why, state.bytes_by_dtype) == (why, bytes_by_dtype)
+
+
+def test_the_count_is_the_sum_over_the_map_with_the_shared_qmaps_once():
+    spec = optimizers.resolve("adamw8bit")
+    state_map = spec.state_map([WORD, HIDDEN, VECTOR])
+    assert state_map.shared.bytes_by_dtype == {"float32": 2 * 256 * 4}  # two maps, for all 8-bit tensors
+    assert spec.count([WORD, HIDDEN, VECTOR]) == optimizers.Count(
+        sum(state.state_bytes for _, state in state_map.params) + 2048, 384)
+    assert spec.state_map([VECTOR]).shared is None  # no 8-bit tensor, no maps
 
 
 def test_muon_orthogonalises_hidden_matrices_and_leaves_the_rest_to_adamw(tiny_models):
@@ -250,7 +285,7 @@ def test_unknown_name_lists_the_known_ones():
 def test_missing_library_makes_an_entry_unavailable_with_the_extra_to_install():
     spec = optimizers.OptimizerSpec(
         name="ghost", factory=lambda p, lr: None, library="no_such_library_xyz", extra="ghost", default_lr=1e-3,
-        lr_range=(1e-4, 1e-2), precision="fp32", count=lambda params: optimizers.Count())
+        lr_range=(1e-4, 1e-2), precision="fp32", rule=lambda p: optimizers.ParamState({}, "none"))
     assert not spec.available
     assert spec.unavailable_reason() == 'needs `pip install "optbench[ghost]"`'
 

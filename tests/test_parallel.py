@@ -7,18 +7,26 @@ import pytest
 
 from optbench import optimizers
 from optbench.__main__ import main
-from optbench.engines.parallel import MODES, launch_command
+from optbench.engines.parallel import MODES
 from optbench.estimate import Estimate
 from optbench.plan import TrialSpec
+from optbench.process import LocalExecutor
+from optbench.process.executors import launch_command
 from optbench.trial import run_trial
 
 TINY = dict(workload="tiny", device="cpu", steps=4, warmup_steps=1, batch_size=8, seq_len=16, eval_size=24,
             nproc=2, timeout_s=600)
 
 
+def in_group(spec: TrialSpec):
+    """A parallel trial as the sweep runs it: a torchrun group started by the process layer."""
+    return LocalExecutor(echo=False).run(spec, {})
+
+
 @pytest.fixture(scope="module")
 def adamw():
-    return {mode: run_trial(TrialSpec(optimizer="adamw", parallel=mode, **TINY)) for mode in MODES}
+    """Each mode once, with the resume check (a checkpoint through torch.distributed.checkpoint at step 2)."""
+    return {mode: in_group(TrialSpec(optimizer="adamw", parallel=mode, resume_check=True, **TINY)) for mode in MODES}
 
 
 def largest_tensor_state_bytes(record) -> int:
@@ -38,7 +46,18 @@ def test_every_rank_reports(adamw):
             assert rank["status"] == "ok" and rank["state_bytes"] > 0 and rank["step_time_median_s"] > 0
             assert rank["peak_rss_bytes"] > 0
         assert record.state_bytes == record.per_rank[0]["state_bytes"]
-        assert 0 <= record.eval_accuracy <= 1
+        assert record.eval_accuracy == record.per_rank[0]["eval_accuracy"] == record.eval_metrics["accuracy"]
+
+
+def test_every_mode_resumes_adamw_exactly_from_its_checkpoint(adamw):
+    for mode, record in adamw.items():
+        assert (record.resume_status, record.resume_max_abs_param_diff) == ("exact", 0.0), (mode, record.resume_status)
+        assert record.checkpoint_bytes > record.state_bytes  # model + optimizer (+ every rank's shards)
+
+
+def test_run_trial_refuses_a_parallel_spec_outside_a_group():
+    record = run_trial(TrialSpec(optimizer="adamw", parallel="ddp", **TINY))
+    assert record.status == "error" and "torchrun group" in record.error
 
 
 def test_ddp_ranks_hold_everything_zero1_shards_the_state(adamw):
@@ -75,7 +94,7 @@ def test_estimate_columns_match_the_measured_ranks(adamw):
 
 @pytest.mark.skipif(not optimizers.resolve("adamw8bit").available, reason="needs bitsandbytes")
 def test_an_optimizer_failing_under_fsdp2_keeps_the_library_message():
-    record = run_trial(TrialSpec(optimizer="adamw8bit", parallel="fsdp2", **TINY))
+    record = in_group(TrialSpec(optimizer="adamw8bit", parallel="fsdp2", **TINY))
     if record.status == "ok":  # a bitsandbytes that takes DTensors: then its state must be sharded too
         assert all(rank["state_bytes"] > 0 for rank in record.per_rank)
     else:
@@ -88,7 +107,7 @@ def test_launch_command_is_torchrun_from_this_interpreter():
     command = launch_command(spec, Path("s.json"), Path("r.json"))
     assert command[:3] == [sys.executable, "-m", "torch.distributed.run"]
     assert command[command.index("--nproc-per-node") + 1] == "4"
-    assert command[-4:] == ["-m", "optbench.trial", "s.json", "r.json"]
+    assert command[-5:] == ["-m", "optbench.process.child", "rank", "s.json", "r.json"]
 
 
 @pytest.mark.parametrize("args, message", [
@@ -96,6 +115,8 @@ def test_launch_command_is_torchrun_from_this_interpreter():
     (["--parallel", "ddp", "--engine", "trainer"], "native loop"),
     (["--parallel", "fsdp2", "--nproc", "1"], "--nproc 2 or more"),
     (["--parallel", "zero3"], "invalid choice"),
+    (["--parallel", "ddp", "--device", "cuda:1"], "not a device index"),
+    (["--resume-check", "--engine", "trainer"], "--resume-check runs with the native loop"),
 ])
 def test_bad_parallel_options_are_one_line(capsys, args, message):
     assert main(["run", "--workload", "tiny", *args]) == 2

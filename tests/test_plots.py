@@ -1,28 +1,19 @@
-"""The report's figures: the pure helpers on hand-made points, then the PNG files from hand-made records."""
+"""The report's figures: the pure helpers on hand-made points, then the PNG files from hand-made records.
+(The Pareto front they draw is stats.pareto_front, tested in test_stats.)"""
+
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
-from optbench.plots import label_offsets, mean_band, pareto_front, write_plots
-from optbench.report import summarize, trials_frame
+from optbench.plots import label_offsets, mean_band, write_plots
 from optbench.results import Record
+from optbench.summary import summarize, trials_frame
 
 MIB = 2**20
 JOB = dict(model="m", dataset="d", device="cpu", steps=4, warmup_steps=1, batch_size=4, seq_len=8, workload="w")
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-
-
-@pytest.mark.parametrize("memory,accuracy,front", [
-    ([], [], []),
-    ([3.0], [0.5], [0]),
-    # (5, .80) loses to (5, .85); (20, .85) to (10, .90); the second (1, .50) repeats the first.
-    ([10, 5, 5, 20, 1, 1], [0.90, 0.80, 0.85, 0.85, 0.50, 0.50], [4, 2, 0]),
-    # more memory for less accuracy is never on the front, however cheap the others are
-    ([1, 2, 3], [0.9, 0.8, 0.7], [0]),
-    ([1, 2, 3], [0.7, 0.8, 0.9], [0, 1, 2]),
-])
-def test_pareto_front(memory, accuracy, front):
-    assert pareto_front(memory, accuracy) == front
 
 
 def test_mean_band_over_ragged_curves_with_gaps():
@@ -102,3 +93,21 @@ def test_study_figures_only_where_the_data_supports_them(tmp_path):
     names = {p.name for p in paths}
     assert not {"lr_sensitivity.png", "eval_vs_time.png", "profile.png"} & names
     assert not (tmp_path / "profile.png").exists()  # a stale figure is removed
+
+
+def test_where_the_state_bytes_go_only_when_records_carry_it(records, tmp_path):
+    """Without the split no figure (test_every_figure_is_a_non_empty_png lists them all); with it, one."""
+    split = {"embeddings": 6 * MIB, "attention": 8 * MIB, "mlp": 5 * MIB, "norms/biases": MIB // 2, "head": MIB // 2}
+    for record in records[:4]:
+        record.state_bytes_by_module = {kind: size * record.state_bytes // (20 * MIB) for kind, size in split.items()}
+    paths = write_plots(*_frames(records), tmp_path)
+    figure = tmp_path / "state_modules.png"
+    assert figure in paths and figure.read_bytes().startswith(PNG_SIGNATURE) and figure.stat().st_size > 10_000
+    records[0].state_bytes_by_module = {}
+    assert figure in write_plots(*_frames(records[:2]), tmp_path)  # one of two seeds carries it: still drawn
+
+
+def test_plots_import_neither_the_report_nor_torch():
+    code = "import sys, optbench.plots; print(sorted(m for m in ('optbench.report', 'torch') if m in sys.modules))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"

@@ -1,4 +1,5 @@
-"""recommend: what fits a budget (estimate.py's counts + measured activations), Pareto front first."""
+"""recommend: what fits a budget (estimate.py's counts + measured activations), Pareto front first, quality in
+the results' own target metric and direction, differences to adamw in the verdict words."""
 
 from pathlib import Path
 
@@ -32,7 +33,7 @@ def test_state_comes_from_estimate_and_activations_from_the_results():
     assert rows["adamw"].total_bytes == expected["adamw"].per_gpu_bytes() + 100 * MIB
     # an optimizer the results lack is charged the largest measured overhead
     unmeasured = [r for name, r in rows.items() if name not in ("adamw", "adafactor", "adamw8bit")]
-    assert all(r.activation_bytes == 300 * MIB and r.accuracy is None for r in unmeasured)
+    assert all(r.activation_bytes == 300 * MIB and r.quality is None for r in unmeasured)
 
 
 def test_pareto_front_of_what_fits_comes_first():
@@ -45,6 +46,8 @@ def test_pareto_front_of_what_fits_comes_first():
     text = render(rows, SIZE, 10 * 2**30, "fp32", "r.jsonl")
     assert "start with adafactor, adamw" in text
     assert "adamw needs no more memory and scores at least as well" in text
+    assert "accuracy 0.9 (worse by at least 1 pt vs adamw)" in text  # adafactor: 3 points below on each seed
+    assert next(r for r in rows if r.estimate.optimizer == "adamw").verdict is None  # the reference itself
 
 
 def test_a_budget_between_the_options_keeps_only_what_fits():
@@ -80,3 +83,19 @@ def test_recommend_on_the_reference_results(capsys, budget):
     lines = capsys.readouterr().out.splitlines()
     assert lines[3].startswith("fits: ")
     assert sum("Pareto front" in line for line in lines) >= 1
+
+
+def test_a_lower_is_better_metric_turns_the_front_around():
+    """Perplexity: the cheaper optimizer with the *lower* perplexity dominates; with accuracy it would not."""
+    records = [Record(trial_id=f"{name}-{seed}", optimizer=name, seed=seed, status="ok", target_metric="perplexity",
+                      target_mode="min", eval_metrics={"perplexity": ppl + 0.01 * seed}, other_peak_bytes=100 * MIB,
+                      state_bytes_per_param=per_param)
+               for name, ppl, per_param in (("adamw", 20.0, 8.0), ("adamw8bit", 18.0, 2.04)) for seed in (0, 1, 2)]
+    rows = {r.estimate.optimizer: r for r in recommend(SIZE, 10 * 2**30, records)}
+    assert rows["adamw8bit"].pareto and not rows["adamw"].pareto  # less memory and lower perplexity
+    assert rows["adamw8bit"].quality == pytest.approx(18.01)
+    assert rows["adamw8bit"].verdict == "better by at least 2 %"  # 10 % lower on every seed
+    text = render(list(rows.values()), SIZE, 10 * 2**30, "fp32", "lm.jsonl")
+    assert "activations and perplexity measured in lm.jsonl" in text
+    assert "perplexity 18.01 (better by at least 2 % vs adamw)" in text
+    assert "fits, but adamw8bit needs no more memory and scores at least as well" in text

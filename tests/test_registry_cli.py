@@ -3,7 +3,8 @@
 import pytest
 
 from optbench import __main__ as cli
-from optbench import optimizers
+from optbench import optimizers, planner
+from optbench.plan import PRESETS
 
 
 def test_list_shows_every_entry_with_alias_lr_range_install_and_availability(capsys):
@@ -22,16 +23,12 @@ def test_list_shows_every_entry_with_alias_lr_range_install_and_availability(cap
 
 
 @pytest.fixture
-def planned(monkeypatch, tmp_path):
-    """Run `optbench run` up to the sweep and hand back the trial specs it would run."""
-    captured = []
-    monkeypatch.setattr("optbench.runner.run_sweep", lambda specs, out, on_record, **_: captured.extend(specs))
-    monkeypatch.setattr(cli, "_check_inputs", lambda spec: None)
-    monkeypatch.setattr(cli, "_print_report", lambda files, out_dir, *_: None)
+def planned():
+    """Parse an `optbench run` command line and hand back the trial specs the planner makes of it."""
 
     def plan(*args):
-        assert cli.main(["run", "--workload", "tiny", "--seeds", "0", "--out", str(tmp_path / "r.jsonl"), *args]) == 0
-        return captured
+        parsed = cli.build_parser().parse_args(["run", "--workload", "tiny", "--seeds", "0", *args])
+        return planner.plan_run(vars(parsed), PRESETS[parsed.preset], parsed.optimizers, parsed.seeds).specs
 
     return plan
 
@@ -44,8 +41,8 @@ def test_optimizers_all_plans_every_available_entry(planned):
 
 def test_optimizer_kwargs_reach_their_trials_only_and_change_the_trial_id(planned):
     plain = {s.optimizer: s for s in planned("--optimizers", "adamw,adamw8bit")}
-    specs = planned("--optimizers", "adamw,adamw8bit", "--optimizer-kwargs", 'adamw8bit={"betas": [0.9, 0.95]}')
-    tuned = {s.optimizer: s for s in specs[len(plain):]}
+    tuned = {s.optimizer: s for s in planned("--optimizers", "adamw,adamw8bit", "--optimizer-kwargs",
+                                             'adamw8bit={"betas": [0.9, 0.95]}')}
     assert tuned["adamw8bit"].optimizer_kwargs == {"betas": (0.9, 0.95)}
     assert tuned["adamw"].optimizer_kwargs == {}
     assert tuned["adamw8bit"].trial_id != plain["adamw8bit"].trial_id

@@ -2,11 +2,13 @@
 
 import io
 import json
+import subprocess
+import sys
 
 import pandas as pd
 import pytest
 
-from optbench.report import summarize, trials_frame, write_report
+from optbench.report import render_terminal, summarize, trials_frame, write_report
 from optbench.results import Record
 
 MIB = 2**20
@@ -38,7 +40,9 @@ def test_summary_means_stds_and_relative_columns(records):
     assert summary.loc["adamw", "eval_accuracy_std"] == pytest.approx(0.0707, abs=1e-4)
     assert summary.loc["adamw8bit", "mem saved % vs adamw"] == pytest.approx(25.0)  # 300 vs 400 MiB growth
     assert summary.loc["adamw8bit", "speed x vs adamw"] == pytest.approx(0.5)
-    assert summary.loc["adamw8bit", "acc Δ pts vs adamw"] == pytest.approx(1.0)
+    # paired on the one seed both ran (seed 0: 0.86 vs 0.90), so no interval and no verdict either way
+    assert summary.loc["adamw8bit", "delta_vs_adamw"] == pytest.approx(-4.0)
+    assert summary.loc["adamw8bit", "verdict_vs_adamw"] == "inconclusive (one seed: no interval)"
     assert summary.loc["adafactor", "status"] == "diverged"
 
 
@@ -115,7 +119,7 @@ def test_a_sweep_over_model_sizes_gets_the_scaling_fit(tmp_path):
                             **job))
     markdown, paths = write_report(sweep, tmp_path)
     assert "State bytes vs parameters: fits" in markdown and "8.0000" in markdown
-    assert tmp_path / "scaling.png" in paths and (tmp_path / "scaling.png").stat().st_size > 0
+    assert tmp_path / "scaling.png" in paths and (tmp_path / "scaling.png").read_bytes().startswith(b"\x89PNG")
 
 
 def test_fidelity_trials_are_a_job_of_their_own(records):
@@ -140,21 +144,26 @@ def test_study_report_tuned_lr_verdicts_and_time_to_target():
     assert job.loc["adamw", "tuned_lr"] == pytest.approx(1e-4)
     assert job.loc["adafactor", "tuned_lr"] == pytest.approx(1e-3)
     assert job.loc["adamw8bit", "tune_points"] == "3/4"  # its diverged point is counted, not chosen
-    assert job.loc["adamw", "tune_steps"] == 4
-    assert job.loc["adafactor", "verdict_vs_adamw"] == "worse"
-    assert job.loc["adamw8bit", "verdict_vs_adamw"] == "no significant difference"
+    assert job.loc["adamw", "tune_steps"] == 8 and job.loc["adamw", "of_trials"] == 3  # the tuned seed 0 is a final
+    assert job.loc["adamw", "tune_band"] == pytest.approx((2 * 0.9 * 0.1 / 400) ** 0.5)
+    assert job.loc["adafactor", "verdict_vs_adamw"] == "worse by at least 1 pt"  # -3.97 ± 0.38 pts
+    assert job.loc["adamw8bit", "verdict_vs_adamw"] == "inconclusive (about 4 seeds would settle it)"  # -0.03 ± 1.00
     # target = 0.95 x adamw's final mean 0.90167; adamw's curves reach it at step 8 (8 x 0.4 s)
     assert job.loc["adamw", "job_target"] == pytest.approx(0.95 * (0.9 + 0.9 + 0.01 + 0.9 - 0.005) / 3)
-    assert job.loc["adamw", "steps_to_target_derived"] == 8
-    assert job.loc["adamw", "time_to_target_derived_s"] == pytest.approx(3.2)
-    assert pd.isna(job.loc["adafactor", "time_to_target_derived_s"])  # never reached: null, not a number
+    assert job.loc["adamw", "steps_to_target"] == 8
+    assert job.loc["adamw", "time_to_target_s"] == pytest.approx(3.2)
+    # never reached on any seed: infinite, 0 of 3; adamw8bit's seed 2 missed, its median is still finite
+    assert job.loc["adafactor", "time_to_target_s"] == float("inf") and job.loc["adafactor", "time_to_target_s_n"] == 3
+    assert job.loc["adamw8bit", "time_to_target_s_reached"] == 2
 
 
 def test_study_markdown_says_budget_scratch_and_profile(tmp_path):
     markdown, _ = write_report(_study(), tmp_path, figures=False)
     assert "trained from scratch" in markdown and markdown.count("trained from scratch") == 1
-    assert "4 steps per point (fewer than the 8 final steps)" in markdown
-    assert "no significant difference" in markdown and "| tuned lr |" in markdown.replace("  ", "")
+    assert "over 1 tune seed(s) of 8 steps; lrs within the near-tie band of the best (binomial error of 400 " \
+           "validation rows)" in markdown and "fewer than" not in markdown and "±2.12 pts" in markdown
+    assert "-3.97 ± 0.38 pts (n=3): worse by at least 1 pt" in markdown and "| tuned lr |" in markdown.replace("  ", "")
+    assert "missed (reached 0/3)" in markdown and "against a margin of ±1 pt" in markdown
     assert "performance profile" in markdown and "| adamw       |                 1 " in markdown
 
 
@@ -166,9 +175,10 @@ def test_min_metric_target_and_one_seed_interval():
     frame = trials_frame(records)
     summary = summarize(frame).set_index("optimizer")
     assert summary.loc["adamw", "job_target"] == pytest.approx(20.0 / 0.95)  # lower is better: best / 0.95
-    assert summary.loc["adamw", "steps_to_target_derived"] == 10
-    assert pd.isna(summary.loc["adafactor", "steps_to_target_derived"])
-    assert summary.loc["adafactor", "verdict_vs_adamw"].startswith("n/a")
+    assert summary.loc["adamw", "steps_to_target"] == 10
+    assert summary.loc["adafactor", "steps_to_target"] == float("inf")  # its curve never got down to 21.05
+    assert summary.loc["adafactor", "verdict_vs_adamw"] == "inconclusive (one seed: no interval)"
+    assert summary.loc["adafactor", "delta_vs_adamw"] == pytest.approx(50.0)  # +50 % perplexity
     assert summary.loc["adamw", "eval_target_ci"] is None or pd.isna(summary.loc["adamw", "eval_target_ci"])
     from optbench.report import render_markdown
 
@@ -185,7 +195,7 @@ def test_jobs_that_differ_only_in_precision_or_engine_also_share_one_table(recor
             for r in records]
     markdown, _ = write_report(records + bf16, tmp_path, figures=False)
     side = markdown.split("### Side by side: ")[1]
-    assert side.startswith("m on d, cpu, 10 steps x batch 4 x seq 8\n")
+    assert side.startswith("m on d, cpu, 10 steps x batch 4 x seq 8, linear lr\n")
     rows = [line.split("|")[1:6] for line in side.splitlines() if line.startswith("| adam")]
     assert [[c.strip() for c in row] for row in rows] == [
         ["adamw", "fp32", "fp32", "ok 2/2", "100.0 ± 0.0"], ["adamw", "bf16", "bf16", "ok 2/2", "50.0 ± 0.0"],
@@ -199,3 +209,49 @@ def test_jobs_that_differ_only_in_precision_or_engine_also_share_one_table(recor
         "native", "trainer", "native"]
     alone, _ = write_report(records, tmp_path, figures=False)
     assert "side by side" not in alone  # one precision: nothing to put side by side
+
+
+# --- the terminal summary, the html verdict, the import cost -------------------------------------------------
+
+def test_terminal_summary_says_it_in_words_and_fits_120_columns(records):
+    long_name = [_ok(f"l{i}", "adamw8bit_torchao_with_a_very_long_registry_name", i, 25, 300, 0.4, 0.86,
+                     precision="int8-blockwise-with-a-long-label") for i in (0, 1)]
+    text = render_terminal(summarize(trials_frame(records + long_name)))
+    lines = text.splitlines()
+    assert max(map(len, lines)) <= 120
+    assert lines[0] == "m on d, cpu, 10 steps x batch 4 x seq 8, linear lr"
+    words = next(line for line in lines if line.startswith("adamw8bit:"))
+    assert words.startswith("adamw8bit: eval accuracy 0.8600 ± n/a vs adamw 0.85; Δ -4.00 pts: inconclusive (one seed")
+    assert "memory saved 25.0 % vs adamw" in text and "speed 0.50x adamw" in text
+    assert "adafactor: diverged (loss became nan)" in text
+    assert "| optimizer" in text and "| eval accuracy" in text  # the compact table
+    assert render_terminal(records) == render_terminal(summarize(trials_frame(records)))  # records work too
+
+
+def test_html_verdict_uses_the_verdict_words(tmp_path):
+    text, _ = write_report(_study(), tmp_path, fmt="html", figures=False)
+    verdict = text.split("<section id=verdict>")[1].split("</section>")[0]
+    assert "adafactor vs adamw on accuracy: worse by at least 1 pt" in verdict
+    assert "adamw8bit vs adamw on accuracy: inconclusive (about 4 seeds would settle it)" in verdict
+    assert "first to the target on every seed: adamw" in verdict  # adamw8bit missed one seed, adafactor all
+    assert "no significant difference" not in text
+
+
+def test_importing_the_report_loads_neither_torch_nor_matplotlib():
+    code = ("import sys, optbench.report, optbench.compare, optbench.recommend; "
+            "print(sorted(m for m in ('torch', 'matplotlib', 'transformers') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
+
+
+def test_a_roofline_above_one_is_a_calibration_failure_not_a_percentage(records, tmp_path):
+    for record, fraction in zip(records[:3], [0.5, 1.3, 1.6], strict=True):
+        record.roofline_fraction = fraction
+    markdown, _ = write_report(records, tmp_path, figures=False)
+    table = markdown.split("\n\n")[1]
+    header = [c.strip() for c in table.splitlines()[0].split("|")]
+    cells = {row.split("|")[1].strip(): [c.strip() for c in row.split("|")] for row in table.splitlines()[2:]}
+    column = header.index("roofline %")
+    assert cells["adamw"][column] == "50.0 (calib. fail 1/2)"
+    assert cells["adamw8bit"][column] == "calib. fail"
+    assert "130" not in markdown and "160" not in markdown

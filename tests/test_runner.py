@@ -7,13 +7,12 @@ import subprocess
 import sys
 
 import pytest
+from _tiny import TINY, TINY_ARGS, optbench
 
-from optbench.executors import LocalExecutor, SubmititExecutor
 from optbench.plan import TrialSpec, build_grid
+from optbench.process import LocalExecutor, SubmititExecutor, run_sweep
+from optbench.process.runner import run_in_subprocess, slot_count
 from optbench.results import Record, read_records
-from optbench.runner import child_environments, run_in_subprocess, run_sweep
-
-TINY = dict(workload="tiny", device="cpu", steps=3, warmup_steps=1, batch_size=4, seq_len=16, eval_size=16)
 
 
 def test_resume_skips_trials_already_ok(tmp_path):
@@ -77,15 +76,14 @@ def test_submitit_local_executor_records_each_trial_once(tmp_path):
     assert sorted(r.trial_id for r in read_records(out)) == sorted(s.trial_id for s in specs)
 
 
-def test_child_environments_split_cpu_threads_or_pin_one_gpu_each():
-    specs = [TrialSpec(optimizer="adamw", **{**TINY, "device": "auto"})]
-    assert child_environments(specs, 1, cpu_count=8, gpu_count=0) == [{}]
-    assert child_environments(specs, 3, cpu_count=8, gpu_count=0) == [
-        {"OPTBENCH_TORCH_THREADS": "2", "OMP_NUM_THREADS": "2"}] * 3
-    assert child_environments(specs, 4, cpu_count=8, gpu_count=2) == [
-        {"CUDA_VISIBLE_DEVICES": "0"}, {"CUDA_VISIBLE_DEVICES": "1"}]
-    pinned = [TrialSpec(optimizer="adamw", **{**TINY, "device": "cpu"})]
-    assert child_environments(pinned, 2, cpu_count=2, gpu_count=2)[0]["OPTBENCH_TORCH_THREADS"] == "1"
+def test_slots_are_the_jobs_on_cpu_and_the_gpus_on_cuda(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    cpu = [TrialSpec(optimizer="adamw", **TINY)]
+    cuda = [TrialSpec(optimizer="adamw", **{**TINY, "device": "auto"})]
+    assert slot_count(cpu, 3, gpus=2) == 3
+    assert slot_count(cuda, 4, gpus=2) == 2
+    assert slot_count([TrialSpec(optimizer="adamw", parallel="ddp", nproc=2, **{**TINY, "device": "cuda"})], 4,
+                      gpus=2) == 1
 
 
 def test_progress_is_one_plain_line_per_trial_with_eta(tmp_path):
@@ -126,16 +124,12 @@ def test_parallel_trials_launch_through_torchrun(tmp_path, monkeypatch):
     monkeypatch.setattr(subprocess, "Popen", FakePopen)
     record = LocalExecutor(echo=False).run(TrialSpec(optimizer="adamw", parallel="ddp", nproc=2, **TINY), {})
     assert launched[0][1:] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                               "-m", "optbench.trial", launched[0][-2], launched[0][-1]]
+                               "-m", "optbench.process.child", "rank", launched[0][-2], launched[0][-1]]
     assert record.status == "error" and "exited with code 1" in record.error
 
 
 def test_a_log_gets_plain_progress_lines_and_no_progress_bar_frames(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "optbench", "run", "--workload", "tiny", "--device", "cpu",
-                             "--steps", "3", "--warmup-steps", "1", "--batch-size", "4", "--seq-len", "16",
-                             "--eval-size", "16", "--optimizers", "adamw,adafactor",
-                             "--out", str(tmp_path / "r.jsonl")],
-                            capture_output=True, text=True, timeout=300)
+    result = optbench("run", *TINY_ARGS, "--optimizers", "adamw,adafactor", "--out", tmp_path / "r.jsonl")
     assert result.returncode == 0, result.stderr
     assert "\r" not in result.stderr  # stderr is a pipe here: the trial's tqdm bar stays off
     assert "optbench: [1/2] adamw seed=0 ok in " in result.stderr

@@ -4,20 +4,27 @@ import pytest
 
 from optbench import optimizers, scaling
 from optbench.__main__ import main
-from optbench.plan import TrialSpec, build_grid
-from optbench.results import Record, append_record
-from optbench.trial import run_trial
+from optbench.plan import TrialSpec
+from optbench.results import Record, read_records
 
 # Two steps are enough: the state is complete after the first. 1.0 M to 9.6 M parameters.
 WIDTHS = (32, 64, 128, 256)
-QUICK = dict(device="cpu", steps=2, warmup_steps=1, batch_size=2, seq_len=8, eval_size=4)
 NAMES = [n for n in ("adamw", "adamw8bit", "adafactor") if optimizers.resolve(n).available]
+SCALE = ["run", "--scale", "--optimizers", ",".join(NAMES), "--widths", ",".join(map(str, WIDTHS)), "--steps", "2",
+         "--warmup-steps", "1", "--batch-size", "2", "--seq-len", "8", "--eval-size", "4", "--device", "cpu"]
 
 
 @pytest.fixture(scope="module")
-def sweep():
-    specs = scaling.across_widths(build_grid(NAMES, [0], **QUICK), WIDTHS)
-    return [run_trial(spec) for spec in specs]
+def scaled(tmp_path_factory):
+    """The real scaling sweep, through the command line: (its results file, its records)."""
+    out = tmp_path_factory.mktemp("scale") / "scaling.jsonl"
+    assert main([*SCALE, "--out", str(out)]) == 0
+    return out, read_records(out)
+
+
+@pytest.fixture(scope="module")
+def sweep(scaled):
+    return scaled[1]
 
 
 @pytest.fixture(scope="module")
@@ -70,35 +77,20 @@ def test_fit_skips_failed_trials_and_takes_the_median_over_seeds():
 
 def test_across_widths_orders_small_first_and_rejects_bad_widths():
     specs = scaling.across_widths([TrialSpec(optimizer="adamw"), TrialSpec(optimizer="adafactor")], (128, 32))
-    assert [(s.workload, s.optimizer) for s in specs] == [
-        ("tiny-w32", "adamw"), ("tiny-w32", "adafactor"), ("tiny-w128", "adamw"), ("tiny-w128", "adafactor")]
+    assert [(s.workload_options["hidden_size"], s.optimizer) for s in specs] == [
+        (32, "adamw"), (32, "adafactor"), (128, "adamw"), (128, "adafactor")]
     with pytest.raises(ValueError, match="multiple of 32"):
         scaling.across_widths([TrialSpec(optimizer="adamw")], (32, 100))
 
 
-def test_cli_scale_runs_the_widths_and_writes_the_fit(monkeypatch, tmp_path, capsys):
-    seen = []
-
-    def fake_sweep(specs, out, on_record=None, **options):
-        # Stand-in for the subprocess trials: AdamW's 8 B/param at each width's parameter count.
-        for spec in specs:
-            seen.append(spec)
-            n = scaling_params[spec.workload]
-            append_record(out, Record(trial_id=spec.trial_id, optimizer=spec.optimizer, status="ok",
-                                      state_precision="fp32", num_params=n, state_bytes=8 * n,
-                                      step_time_median_s=1e-8 * n, workload=spec.workload))
-        return []
-
-    scaling_params = {"tiny-w32": 1_000_000, "tiny-w64": 2_000_000, "tiny-w128": 4_000_000, "tiny-w256": 9_000_000}
-    monkeypatch.setattr("optbench.runner.run_sweep", fake_sweep)
-    out = tmp_path / "scaling.jsonl"
-    code = main(["run", "--scale", "--optimizers", "adamw", "--widths", "32,64,128,256", "--out", str(out)])
-    assert code == 0
-    assert [s.workload for s in seen] == list(scaling_params)
-    assert all(s.steps == scaling.SCALE_PRESET.steps for s in seen)
+def test_cli_scale_sweeps_every_width_and_prints_the_fit(scaled, capsys):
+    out, records = scaled
+    assert sorted((r.optimizer, r.workload, r.workload_options["hidden_size"]) for r in records) == sorted(
+        (name, "tiny", width) for name in NAMES for width in WIDTHS)
+    assert main([*SCALE, "--out", str(out)]) == 0  # every trial already ok: resumed, and the fit printed again
     printed = capsys.readouterr().out
-    assert "| adamw" in printed and "8.0000" in printed
-    assert (tmp_path / "scaling.png").is_file()
+    assert "| adamw" in printed and "8.0000" in printed  # exactly 8 B/param: the fp32 step scalars do not grow
+    assert (out.parent / "scaling.png").is_file()
 
 
 def test_cli_widths_without_scale_is_a_usage_error(capsys):

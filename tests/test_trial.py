@@ -2,7 +2,7 @@
 
 import pytest
 
-from optbench import optimizers
+from optbench import measure, optimizers
 from optbench.plan import TrialSpec
 from optbench.trial import run_trial
 
@@ -25,12 +25,32 @@ def test_trial_fills_the_record(name):
     # In this long-lived test process freed memory is reused, so growth may read 0 here; the fresh
     # process of a real trial is checked in test_cli.
     assert record.peak_rss_bytes > record.peak_rss_growth_bytes >= 0
-    assert len(record.loss_curve) == 6 and record.train_loss_final > 0
+    assert len(record.loss_curve) == 6 and record.train_loss_final == pytest.approx(sum(record.loss_curve[-5:]) / 5)
     assert record.first_step_s > 0 and record.step_time_median_s > record.optimizer_step_median_s > 0
-    assert record.step_time_iqr_s >= 0 and record.samples_per_s == pytest.approx(4 / record.step_time_median_s)
-    assert 0 <= record.eval_accuracy <= 1 and 0 <= record.eval_f1 <= 1
+    assert len(record.step_time_samples_s) == 4  # steps 2 to 5: the steps after the 2 warm-up steps
+    assert (record.step_time_median_s, record.step_time_iqr_s) == measure.median_iqr(record.step_time_samples_s)
+    assert record.samples_per_s == pytest.approx(4 / record.step_time_median_s)
+    assert round(record.eval_accuracy * 24) == pytest.approx(record.eval_accuracy * 24)  # scored on 24 rows
+    assert record.eval_accuracy == record.eval_metrics["accuracy"] and record.eval_f1 == record.eval_metrics["f1"]
     assert record.env["torch"] and record.env["transformers"] and "git_commit" in record.env
     assert record.lr == optimizers.resolve(name).default_lr
+    # where the state sits, and what the held memory holds besides grads and state
+    assert sum(record.state_bytes_by_module.values()) == record.state_bytes
+    assert record.held_other_bytes == record.rss_growth_after_step_bytes - record.grads_bytes - record.state_bytes
+    # the roofline: the step's analytic traffic over its median time, against the triad bandwidth measured here
+    assert record.device_bandwidth_bytes_per_s > 0 and record.device_bandwidth_iqr_bytes_per_s is not None
+    assert record.roofline_fraction == pytest.approx(record.optimizer_step_traffic_bytes
+                                                     / record.optimizer_step_median_s
+                                                     / record.device_bandwidth_bytes_per_s)
+    assert record.job_key["schedule"] == "linear" and record.job_key["device"] == "cpu"
+
+
+def test_torch_optimizers_name_what_torch_runs_on_this_device():
+    """On CPU torch has no foreach kernels: the default AdamW runs the per-tensor loop, fused runs fused."""
+    default = run_trial(TrialSpec(optimizer="adamw", **TINY))
+    fused = run_trial(TrialSpec(optimizer="adamw_fused", **TINY))
+    assert (default.optimizer_impl, fused.optimizer_impl) == ("per-tensor loop", "fused")
+    assert run_trial(TrialSpec(optimizer="adafactor", **TINY)).optimizer_impl is None  # not torch.optim
 
 
 def test_huge_learning_rate_is_recorded_as_diverged():

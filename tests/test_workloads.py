@@ -99,16 +99,18 @@ def test_precision_modes_run_on_cpu_and_say_so(precision, param_dtype, autocast_
     assert record.state_bytes_per_param == pytest.approx(2 * bytes_per_weight, rel=0.01)
 
 
-def test_tune_stage_scores_on_validation_carved_from_train_and_never_builds_eval():
+def test_study_trials_train_without_the_validation_rows_and_score_both_splits():
     spec = TrialSpec(optimizer="adamw", stage="tune", **TINY)
     built = workloads.get_workload("tiny").build(spec)
-    assert built.eval is None  # nothing in a tune trial can read the eval split
     full = workloads.get_workload("tiny").build(TrialSpec(optimizer="adamw", **TINY))
+    assert full.val is None  # a plain run trains on every training row
     assert built.train["input_ids"].shape[0] + built.val["input_ids"].shape[0] == full.train["input_ids"].shape[0]
+    assert torch.equal(built.eval["input_ids"], full.eval["input_ids"])  # the same eval rows as a plain run
     record = run_trial(spec)
     assert record.status == "ok", record.error
-    assert record.eval_metrics == {} and record.eval_accuracy is None
+    assert record.val_rows == built.val["input_ids"].shape[0] == 400  # 10 % of the 4,000 training rows
     assert record.val_metric == record.val_accuracy == record.val_metrics["accuracy"]
+    assert record.eval_accuracy == record.eval_metrics["accuracy"]
 
 
 def test_validation_rows_are_fixed_and_disjoint_from_training_rows():

@@ -16,14 +16,14 @@ from typing import TYPE_CHECKING
 import torch
 
 from optbench import measure
-from optbench.engines import EngineResult, StepLog
+from optbench.engines.base import EngineResult, StepLog
 from optbench.engines.native import warm_up
 from optbench.engines.trainer import SplitDataset
 from optbench.workloads.base import batch_indices, rows
 
 if TYPE_CHECKING:
+    from optbench.engines.base import Setup
     from optbench.results import Record
-    from optbench.trial import Setup
 
 MIXED_PRECISION = {"bf16-autocast": "bf16", "fp16-autocast": "fp16"}  # others: "no" (pure bf16 is in the weights)
 
@@ -39,7 +39,7 @@ def train(s: Setup, record: Record) -> EngineResult:
     model, optimizer, scheduler, loader = accelerator.prepare(s.model, s.optimizer, s.scheduler, loader)
     warm_up(s)
     memory = measure.MemoryWindow(s.device)
-    log = StepLog(s, record)
+    log = StepLog(s, record, memory)
     for step, batch in enumerate(loader):
         timer = measure.StepTimer(s.device)
         timer.mark("start")

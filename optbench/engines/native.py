@@ -12,16 +12,17 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from optbench import measure
-from optbench.engines import EngineResult, StepLog
+from optbench.engines.base import EngineResult, StepLog
 from optbench.workloads import train_batches
 from optbench.workloads.base import to_device
 
 if TYPE_CHECKING:
+    from optbench.engines.base import Setup
     from optbench.results import Record
-    from optbench.trial import Setup
 
 
 def warm_up(s: Setup) -> None:
@@ -42,18 +43,16 @@ def optimizer_step(s: Setup) -> None:
         s.scaler.update()
 
 
-def train(s: Setup, record: Record) -> EngineResult:
-    from optbench.fidelity import UpdateFidelity, median_of
-
+def timed_steps(s: Setup, start: int = 0, stop: int | None = None, probe: Any = None,
+                memory: measure.MemoryWindow | None = None) -> Iterator[tuple[int, float, float, float]]:
+    """Train steps `start` to `stop` (default: the job's end) on the job's batches, in the job's one order; yield
+    (step, step seconds, optimizer-step seconds, loss) after each. A resumed run starts mid-way on the batches the
+    uninterrupted run would have seen there. `memory`: the window whose RSS after the last step is recorded."""
     spec = s.spec
-    # Built before the baseline so its fixed buffers (parameter snapshot + shadow parameters) sit in it;
-    # the shadow's moments appear lazily on its first step and do land in the peaks: hence `fidelity`.
-    probe = UpdateFidelity(s.optimizer) if spec.fidelity else None
-    warm_up(s)
-    memory = measure.MemoryWindow(s.device)
-    log = StepLog(s, record)
-    progress = _progress(spec, record)
-    for step, cpu_batch in enumerate(train_batches(s.built.train, spec.batch_size, spec.steps, spec.seed)):
+    stop = spec.steps if stop is None else stop
+    for step, cpu_batch in enumerate(train_batches(s.built.train, spec.batch_size, stop, spec.seed)):
+        if step < start:
+            continue
         batch = to_device(cpu_batch, s.device)
         timer = measure.StepTimer(s.device)
         timer.mark("start")
@@ -68,18 +67,33 @@ def train(s: Setup, record: Record) -> EngineResult:
         timer.mark("stepped")
         if probe is not None:
             probe.after_step()
-        if step == spec.steps - 1:
-            record.rss_growth_after_step_bytes = memory.rss_growth_bytes()
+        if memory is not None and step == spec.steps - 1:
+            s.held_after_step_bytes = memory.rss_growth_bytes()
         timer.mark("zero")
         s.optimizer.zero_grad(set_to_none=True)
         s.scheduler.step()
         timer.mark("end")
         step_s = timer.seconds("start", "backward") + timer.seconds("step", "stepped") + timer.seconds("zero", "end")
-        loss_value = loss.item()
+        yield step, step_s, timer.seconds("step", "stepped"), loss.item()
+
+
+def train(s: Setup, record: Record) -> EngineResult:
+    from optbench.fidelity import UpdateFidelity, median_of
+
+    spec = s.spec
+    # Built before the baseline so its fixed buffers (parameter snapshot + shadow parameters) sit in it;
+    # the shadow's moments appear lazily on its first step and do land in the peaks: hence `fidelity`.
+    probe = UpdateFidelity(s.optimizer) if spec.fidelity else None
+    warm_up(s)
+    memory = measure.MemoryWindow(s.device)
+    log = StepLog(s, record, memory)
+    progress = _progress(spec, record)
+    for step, step_s, optimizer_s, loss_value in timed_steps(s, probe=probe, memory=memory):
         progress.update(1)
         progress.set_postfix(loss=f"{loss_value:.3f}", refresh=False)
-        log.after_step(step, step_s, timer.seconds("step", "stepped"), loss_value)
+        log.after_step(step, step_s, optimizer_s, loss_value)
     progress.close()
+    record.rss_growth_after_step_bytes = s.held_after_step_bytes
     if probe is not None:
         record.update_cosine_curve, record.update_rel_error_curve = probe.cosines, probe.rel_errors
         record.update_cosine_median = median_of(probe.cosines)

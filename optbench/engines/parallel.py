@@ -1,11 +1,8 @@
-"""Data-parallel trials across processes: DDP, ZeRO-1 and FSDP2, one `torchrun` group per trial.
+"""Data-parallel training inside one rank of a torchrun group: DDP, ZeRO-1 and FSDP2.
 
-A trial with `parallel != "none"` runs as `torchrun --standalone --nproc-per-node N -m optbench.trial
-SPEC RECORD` (`launch_command`), started and timed out by `executors.LocalExecutor` like any trial's
-process (`run_trial` in a plain process goes through it too) and returning the record rank 0 wrote.
-Inside the group every rank runs the
-ordinary trial (setup, engine, describe, evaluate) with this module's engine, which wraps the model and
-the optimizer for the mode and then trains with the native loop:
+The process layer (optbench/process/) launches the group and joins each rank to it; every rank then runs the
+ordinary trial (setup, engine, describe, evaluate) with this module's engine, which wraps the model and the
+optimizer for the mode and then trains with the native loop:
 
 - ddp:   `DistributedDataParallel` (gradients averaged by all-reduce); every rank holds all of the state.
 - zero1: DDP + `ZeroRedundancyOptimizer` around the registry entry's own factory (`entry.build`, so its
@@ -16,122 +13,49 @@ the optimizer for the mode and then trains with the native loop:
 
 Data: each rank trains on its own 1/N of the training rows with batch `batch_size // N` (what a
 `DistributedSampler` does), so the global batch is the spec's. Each rank measures its own state bytes
-(DTensor state counted by its local shard), peak memory and step times; rank 0 gathers them with
-`all_gather_object` into `record.per_rank` and writes the record. The top-level figures are rank 0's;
-the loss curve is rank 0's shard loss.
+(DTensor state counted by its local shard), peak memory and step times; the process layer gathers them into
+`record.per_rank` (rank 0 writes the record). The top-level figures are rank 0's; the loss curve is rank 0's
+shard loss.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
-import sys
-import threading
-import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from optbench.engines import EngineResult
+from optbench.engines.base import EngineResult
 from optbench.results import MIB
 
 if TYPE_CHECKING:
-    from optbench.plan import TrialSpec
+    from optbench.engines.base import Setup
     from optbench.results import Record
-    from optbench.trial import Setup
 
 MODES = ("ddp", "zero1", "fsdp2")
-# What each rank reports (read from its own record after the trial): the per-rank view of the report.
-RANK_FIELDS = ("status", "error", "state_bytes", "state_bytes_by_key", "peak_rss_bytes", "peak_rss_growth_bytes",
-               "peak_cuda_allocated_bytes", "peak_cuda_reserved_bytes", "first_step_s", "step_time_median_s",
-               "optimizer_step_median_s", "train_loss_final", "eval_accuracy")
-
-
-# -- launching ---------------------------------------------------------------------------------------
-def launch_command(spec: TrialSpec, spec_path: Path, record_path: Path) -> list[str]:
-    """The command that runs `spec` as a torchrun group; rank 0 writes the record to `record_path`.
-
-    `python -m torch.distributed.run` is `torchrun` from this interpreter (the venv's torch, whatever
-    PATH says); `--standalone` picks a free rendezvous port on this host.
-    """
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(spec.nproc),
-            "-m", "optbench.trial", str(spec_path), str(record_path)]
-
-
-def in_group() -> bool:
-    """True inside a torchrun rank (torchrun sets LOCAL_RANK and WORLD_SIZE for each worker)."""
-    return "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ
-
-
-# -- inside a rank -----------------------------------------------------------------------------------
-def _exit_with_launcher() -> None:
-    """torchrun starts each worker in its own session, so a launcher killed outright (the runner's
-    timeout) would leave the ranks running: each rank leaves as soon as its parent is gone."""
-    parent = os.getppid()
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(1.0)
-        os._exit(1)
-
-    threading.Thread(target=watch, daemon=True).start()
-
-
-def rank_main(spec: TrialSpec, record_path: Path) -> int:
-    """A torchrun worker's entry: join the group, run the trial, gather every rank's figures, and let
-    rank 0 write the record."""
-    import torch
-    import torch.distributed as dist
-
-    from optbench.trial import run_trial
-
-    _exit_with_launcher()
-    local_rank = int(os.environ["LOCAL_RANK"])
-    cuda = spec.device.startswith("cuda") or (spec.device == "auto" and torch.cuda.is_available())
-    if cuda:
-        torch.cuda.set_device(local_rank)  # "cuda" then means this rank's GPU everywhere in the trial
-    dist.init_process_group(backend="nccl" if cuda else "gloo")
-    try:
-        record = run_trial(spec)
-        merged = gather(record)
-        if dist.get_rank() == 0:
-            record_path.write_text(json.dumps(merged.to_dict(), default=str))
-    finally:
-        dist.destroy_process_group()
-    return 0
-
-
-def gather(record: Record) -> Record:
-    """Every rank's figures into `per_rank` (rank order); the record fails if any rank failed."""
-    import torch.distributed as dist
-
-    mine = {"rank": dist.get_rank(), **(record.per_rank[0] if record.per_rank else {}),
-            **{name: getattr(record, name) for name in RANK_FIELDS}}
-    ranks: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(ranks, mine)
-    merged = dataclasses.replace(record, per_rank=ranks, world_size=len(ranks))
-    failed = next((r for r in ranks if r["status"] != "ok"), None)
-    if failed is not None and record.status == "ok":
-        merged.status, merged.error = failed["status"], f"rank {failed['rank']}: {failed['error']}"
-    return merged
 
 
 # -- the engine --------------------------------------------------------------------------------------
-def train(s: Setup, record: Record) -> EngineResult:
-    """Shard the data, wrap model and optimizer for the mode, train with the native loop, then leave the
-    trial a model it can evaluate and the optimizer that holds this rank's state."""
-    import torch
+def prepare(s: Setup, record: Record) -> None:
+    """This rank's share of the data and of the batch, the model and optimizer wrapped for the mode: what a rank
+    trains with (and what the resume check rebuilds before loading a checkpoint)."""
     import torch.distributed as dist
 
-    from optbench.engines import native
     from optbench.workloads.base import take
 
-    spec = s.spec
     rank, world = dist.get_rank(), dist.get_world_size()
     s.built = dataclasses.replace(s.built, train=take(s.built.train, slice(rank, None, world)))
-    s.spec = dataclasses.replace(spec, batch_size=max(1, spec.batch_size // world))
-    wrap = {"ddp": _ddp, "zero1": _zero1, "fsdp2": _fsdp2}[spec.parallel]
-    wrap(s, record)
+    s.spec = dataclasses.replace(s.spec, batch_size=max(1, s.spec.batch_size // world))
+    {"ddp": _ddp, "zero1": _zero1, "fsdp2": _fsdp2}[s.spec.parallel](s, record)
+
+
+def train(s: Setup, record: Record) -> EngineResult:
+    """Prepare the rank, train with the native loop, then leave the trial a model it can evaluate and the
+    optimizer that holds this rank's state."""
+    import torch
+
+    from optbench.engines import native
+
+    spec = s.spec
+    prepare(s, record)
     record.per_rank = [{"weights_bytes": _local_bytes(s.model.parameters()),
                         "grads_bytes": _local_bytes(p for p in s.model.parameters() if p.requires_grad)}]
     try:
@@ -152,18 +76,6 @@ def _local_bytes(params) -> int:
     return unique_tensor_bytes(getattr(p, "_local_tensor", p) for p in params)
 
 
-def _rebuild_optimizer(s: Setup, record: Record, make) -> None:
-    """Replace the setup's optimizer (no state yet: nothing was stepped) and re-attach the schedule."""
-    import torch
-
-    from optbench import measure
-    from optbench.trial import lr_lambda
-
-    s.optimizer = make()
-    s.scheduler = torch.optim.lr_scheduler.LambdaLR(s.optimizer, lr_lambda(s.spec.warmup_steps))
-    measure.slow_down_if_asked(s.optimizer)
-
-
 def _ddp(s: Setup, record: Record) -> None:
     import torch
     from torch.nn.parallel import DistributedDataParallel
@@ -179,20 +91,25 @@ def _zero1(s: Setup, record: Record) -> None:
     _ddp(s, record)
     # The entry's factory as the "optimizer class": ZeRO calls it on each rank's share of the parameters
     # with these defaults, so the registry's own settings (default_kwargs) apply as in a plain trial.
-    _rebuild_optimizer(s, record, lambda: ZeroRedundancyOptimizer(
+    s.rebuild_optimizer(lambda: ZeroRedundancyOptimizer(
         s.params, optimizer_class=s.entry.build, lr=record.lr, **s.spec.optimizer_kwargs))
 
 
 def _fsdp2(s: Setup, record: Record) -> None:
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
+    # The mesh names the trial's device type: without one fully_shard picks CUDA whenever a GPU is visible,
+    # which breaks a CPU (gloo) group on a GPU machine.
+    mesh = init_device_mesh(s.device.type, (dist.get_world_size(),))
     blocks = set(getattr(s.model, "_no_split_modules", None) or ())
     for module in list(s.model.modules()):
         if type(module).__name__ in blocks:
-            fully_shard(module)
-    fully_shard(s.model)
+            fully_shard(module, mesh=mesh)
+    fully_shard(s.model, mesh=mesh)
     s.params = [p for p in s.model.parameters() if p.requires_grad]
-    _rebuild_optimizer(s, record, lambda: s.entry.build_for(s.model, lr=record.lr, **s.spec.optimizer_kwargs))
+    s.rebuild_optimizer(lambda: s.entry.build_for(s.model, lr=record.lr, **s.spec.optimizer_kwargs))
 
 
 

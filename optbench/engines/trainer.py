@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import TrainerCallback
 
-from optbench.engines import EngineResult
+from optbench.engines.base import EngineResult
 from optbench.engines.native import warm_up
 
 if TYPE_CHECKING:
+    from optbench.engines.base import Setup
     from optbench.results import Record
-    from optbench.trial import Setup
 
 
 class SplitDataset(torch.utils.data.Dataset):
@@ -45,10 +45,11 @@ class EvalCurve(TrainerCallback):
         self.split = s.curve_split if s.spec.eval_every else None
 
     def on_step_end(self, args, state, control, **kwargs):
-        from optbench.trial import evaluate
+        from optbench.engines.base import evaluate
 
         if self.split is not None and state.global_step % self.s.spec.eval_every == 0:
-            value = evaluate(self.s, self.split)[self.record.target_metric]
+            with self.timing.memory.paused():  # an evaluation's memory is not the training peak
+                value = evaluate(self.s, self.split)[self.record.target_metric]
             self.record.eval_curve.append([state.global_step, self.timing.trained_s, value])
 
 
@@ -71,8 +72,8 @@ def training_arguments(s: Setup, output_dir: str):
 def train(s: Setup, record: Record) -> EngineResult:
     from transformers import PrinterCallback, Trainer
 
+    from optbench.engines.base import Diverged
     from optbench.integrations.callback import OptbenchCallback
-    from optbench.trial import Diverged
 
     workload = s.workload
 

@@ -119,7 +119,6 @@ class OptbenchCallback(TrainerCallback):
         from optbench import measure
         from optbench.environment import environment
         from optbench.results import split_peak_memory
-        from optbench.trial import describe_speed
 
         record = self.record
         record.device = str(args.device)
@@ -147,7 +146,7 @@ class OptbenchCallback(TrainerCallback):
         if self.memory is not None:
             self.memory.fill(record)
             split_peak_memory(record)
-        describe_speed(record, self.step_times, self.optimizer_times)
+        measure.describe_speed(record, self.step_times, self.optimizer_times)
         if record.loss_curve:
             tail = record.loss_curve[-5:]
             record.train_loss_final = sum(tail) / len(tail)

@@ -3,10 +3,11 @@
 Each entry knows how to build its optimizer (from a parameter list, or from a model when it needs the
 module structure), the library and optbench extra it needs, HF Trainer's name for it, the learning rate
 and lr range it wants for fine-tuning, a short label for how it stores its state, and how many state
-bytes it *should* hold. The analytic count is written to match the measured one byte for byte, for
-fp32 and bf16 parameters, so a mismatch in a record points at a real change in a library, not at
-rounding. One module per library family; this package imports none of the optional libraries (nor
-torch): a missing library makes an entry unavailable with a reason instead of breaking the import.
+bytes it *should* hold, parameter by parameter and why (its rule, whose map `optbench explain` prints).
+The analytic count is written to match the measured one byte for byte, for fp32 and bf16 parameters,
+so a mismatch in a record points at a real change in a library, not at rounding. One module per
+library family; this package imports none of the optional libraries (nor torch): a missing library
+makes an entry unavailable with a reason instead of breaking the import.
 """
 
 from optbench.optimizers.base import (
@@ -16,7 +17,9 @@ from optbench.optimizers.base import (
     Count,
     OptimizerSpec,
     Param,
+    ParamState,
     Shape,
+    StateMap,
     UnknownOptimizerError,
     describe_model,
     factored_numel,
@@ -32,6 +35,6 @@ from optbench.optimizers.registry import (
 
 __all__ = [
     "DEFAULT_OPTIMIZERS", "FP32_BYTES", "LIST_NOTES", "NOMINAL_SHAPE", "REGISTRY", "AnalyticState", "Count",
-    "OptimizerSpec", "Param", "Shape", "UnknownOptimizerError", "available_names", "describe_model",
-    "factored_numel", "parse_optimizer_kwargs", "resolve",
+    "OptimizerSpec", "Param", "ParamState", "Shape", "StateMap", "UnknownOptimizerError", "available_names",
+    "describe_model", "factored_numel", "parse_optimizer_kwargs", "resolve",
 ]

@@ -1,6 +1,12 @@
-"""One registry entry (`OptimizerSpec`) and the facts its analytic state count works from.
+"""One registry entry (`OptimizerSpec`), the facts its analytic state rule works from, and the state map.
 
-An entry's count reads a list of `Param` facts: shape, element size, and the two structural roles some
+An entry's analytic state is a per-parameter rule: `rule(param, **settings) -> ParamState`, the state
+one `Param` gets (bytes per dtype, why in a few words, its full-size fp32 share), plus an optional
+optimizer-wide `shared(states, **settings)` row (bitsandbytes' quantisation maps, shared by every 8-bit
+tensor). The rule is the single source of truth: `count` and `analytic_for` are sums over the map it
+makes (`state_map`), and `optbench explain` prints the map itself.
+
+A rule reads `Param` facts: shape, element size, and the two structural roles some
 optimizers treat differently (embeddings, the output head). The facts come from a model
 (`describe_model`) when the trial has one, or from bare shapes (`Param.from_shape`) for the estimate and
 scaling code that has only shapes; entries that need structure then fall back to a shapes-only rule,
@@ -24,7 +30,7 @@ from __future__ import annotations
 import importlib.util
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 Shape = Sequence[int]
@@ -49,6 +55,7 @@ class Param:
     name: str = ""  # qualified name from named_parameters(); "" when only the shape is known
     embedding: bool = False  # the weight of an nn.Embedding
     head: bool = False  # part of the output head (see HEAD_MODULE_NAMES) or the output embeddings
+    dtype: str = ""  # torch's dtype name without "torch."; "" when only the itemsize is known
 
     @classmethod
     def from_shape(cls, shape: Shape) -> Param:
@@ -63,9 +70,30 @@ class Param:
         return self.numel * self.itemsize
 
     @property
+    def dtype_name(self) -> str:
+        """The dtype's name; from the itemsize alone, 2 bytes reads as bfloat16 (the half type people train in)."""
+        return self.dtype or _DTYPE_BY_ITEMSIZE.get(self.itemsize, f"{self.itemsize}-byte")
+
+    @property
     def hidden_matrix(self) -> bool:
         """A 2-D weight inside the model body: what Muon orthogonalises and GaLore projects."""
         return len(self.shape) == 2 and not self.embedding and not self.head
+
+    @property
+    def role(self) -> str:
+        """Why a structural rule treats this parameter as it does: embedding, head, vector, hidden matrix or N-D."""
+        if self.embedding:
+            return "embedding"
+        if self.head:
+            return "head"
+        if len(self.shape) < 2:
+            return "vector"
+        return "hidden matrix" if len(self.shape) == 2 else f"{len(self.shape)}-D"
+
+
+_DTYPE_BY_ITEMSIZE = {FP32_BYTES: "float32", 2: "bfloat16", 8: "float64", 1: "uint8"}
+FP32 = "float32"
+STEP = (FP32, FP32_BYTES)  # torch's per-parameter 0-d fp32 `step` tensor, as a (dtype, bytes) part
 
 
 def factored_numel(shapes: Sequence[Shape]) -> int:
@@ -92,14 +120,24 @@ def describe_model(model: Any) -> list[tuple[Param, Any]]:
             continue
         head = id(tensor) in head_ids or name.split(".")[0] in HEAD_MODULE_NAMES
         facts = Param(shape=tuple(tensor.shape), itemsize=tensor.element_size(), name=name,
-                      embedding=id(tensor) in embedding_ids, head=head)
+                      embedding=id(tensor) in embedding_ids, head=head, dtype=dtype_name(tensor.dtype))
         pairs.append((facts, tensor))
     return pairs
 
 
 def describe_tensors(params: Iterable[Any]) -> list[tuple[Param, Any]]:
     """(facts, tensor) for a bare parameter list: shapes and dtypes, no structure."""
-    return [(Param(shape=tuple(p.shape), itemsize=p.element_size()), p) for p in params]
+    return [(Param(shape=tuple(p.shape), itemsize=p.element_size(), dtype=dtype_name(p.dtype)), p) for p in params]
+
+
+def dtype_name(dtype: Any) -> str:
+    """torch.float32 -> "float32": the spelling state maps and their CSV use."""
+    return str(dtype).removeprefix("torch.")
+
+
+def short_dtype(name: str) -> str:
+    """float32 -> fp32, bfloat16 -> bf16, float16 -> fp16, float8_e4m3fn -> fp8_e4m3fn: for `why` texts and tables."""
+    return {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(name, name.replace("float8", "fp8"))
 
 
 @dataclass(frozen=True)
@@ -113,8 +151,52 @@ class Count:
         return Count(self.state_bytes + other.state_bytes, self.fp32_state_numel + other.fp32_state_numel)
 
 
-def total(counts: Iterable[Count]) -> Count:
-    return sum(counts, Count())
+@dataclass(frozen=True)
+class ParamState:
+    """The state a rule gives one parameter (or the optimizer-wide shared row): bytes per state dtype, why
+    in a few words, and how many of the parameter's elements sit on full-size fp32 state (module docstring)."""
+
+    bytes_by_dtype: dict[str, int]
+    why: str
+    fp32_state_numel: int = 0
+
+    @property
+    def state_bytes(self) -> int:
+        return sum(self.bytes_by_dtype.values())
+
+    @property
+    def count(self) -> Count:
+        return Count(self.state_bytes, self.fp32_state_numel)
+
+
+def param_state(why: str, *parts: tuple[str, int], fp32_state_numel: int = 0) -> ParamState:
+    """A ParamState from (dtype, bytes) parts; parts of one dtype add up, empty ones drop out."""
+    bytes_by_dtype: dict[str, int] = {}
+    for dtype, nbytes in parts:
+        if nbytes:
+            bytes_by_dtype[dtype] = bytes_by_dtype.get(dtype, 0) + nbytes
+    return ParamState(bytes_by_dtype, why, fp32_state_numel)
+
+
+def full_moments(p: Param, moments: int, why: str, *extra: tuple[str, int], fp32: bool = False) -> ParamState:
+    """`moments` state tensors shaped like `p`, in the parameter's dtype (in fp32 with `fp32=True`), plus
+    `extra` parts: full-size state, so it counts as fp32 state exactly when it is fp32."""
+    dtype, itemsize = (FP32, FP32_BYTES) if fp32 else (p.dtype_name, p.itemsize)
+    return param_state(why, (dtype, moments * itemsize * p.numel), *extra,
+                       fp32_state_numel=p.numel if dtype == FP32 else 0)
+
+
+@dataclass(frozen=True)
+class StateMap:
+    """An entry's analytic state for a list of parameters: one ParamState each, plus the shared row."""
+
+    params: list[tuple[Param, ParamState]]
+    shared: ParamState | None = None
+
+    @property
+    def count(self) -> Count:
+        counts = [state.count for _, state in self.params]
+        return sum(counts, self.shared.count if self.shared is not None else Count())
 
 
 @dataclass(frozen=True)
@@ -155,6 +237,10 @@ def _no_hook(_: Any) -> None:
     return None
 
 
+def no_shared(_: list[ParamState], **__: Any) -> ParamState | None:
+    return None
+
+
 @dataclass(frozen=True)
 class OptimizerSpec:
     """One registry entry.
@@ -162,8 +248,10 @@ class OptimizerSpec:
     `factory(params, lr, **kwargs)` builds the optimizer from a parameter list. An entry whose
     optimizer depends on module structure sets `structural=True`: its factory then takes
     `(pairs, lr, **kwargs)`, pairs being `(Param, tensor)` from `describe_model` (or from bare tensors,
-    where the structure is unknown). `count(params, **settings)` is the analytic state count; it sees
-    the same settings (default_kwargs merged with the caller's) as the factory.
+    where the structure is unknown). `rule(param, **settings)` is the analytic state of one parameter and
+    `shared(states, **settings)` the optimizer-wide row (see the module docstring); they see the same
+    settings (default_kwargs merged with the caller's) as the factory. Only structural entries' rules may
+    read the structural facts (embedding, head, name): the others are built from bare tensors.
     """
 
     name: str
@@ -172,7 +260,7 @@ class OptimizerSpec:
     default_lr: float
     lr_range: tuple[float, float]
     precision: str
-    count: Callable[..., Count]
+    rule: Callable[..., ParamState]
     hf_alias: str = ""  # HF Trainer's `optim` name for exactly this optimizer ("" where HF has none)
     aliases: tuple[str, ...] = ()  # other spellings
     extra: str = ""  # `pip install "optbench[extra]"`; "" when a core dependency brings the library
@@ -184,6 +272,7 @@ class OptimizerSpec:
     paging: Callable[[Any], tuple[bool | None, str | None]] = _no_paging
     before_eval: Callable[[Any], None] = _no_hook
     after_eval: Callable[[Any], None] = _no_hook
+    shared: Callable[..., ParamState | None] = no_shared
 
     def unavailable_reason(self) -> str | None:
         """None when the entry can be built here, else why not."""
@@ -222,15 +311,33 @@ class OptimizerSpec:
             return self.factory(describe_model(model), lr=lr, **self.settings(kwargs))
         return self.factory([p for p in model.parameters() if p.requires_grad], lr=lr, **self.settings(kwargs))
 
+    def state_map(self, params: Sequence[Param], **settings: Any) -> StateMap:
+        """The rule applied to each parameter, and the shared row; `settings` as the factory gets them."""
+        states = [self.rule(p, **settings) for p in params]
+        return StateMap(params=list(zip(params, states, strict=True)), shared=self.shared(states, **settings))
+
+    def count(self, params: Sequence[Param], **settings: Any) -> Count:
+        """The analytic count: the sum over `state_map`."""
+        return self.state_map(params, **settings).count
+
+    def model_facts(self, model: Any) -> list[Param]:
+        """Facts for each trainable parameter of `model`, names included; structural flags only for structural
+        entries, whose build sees the structure (the others are built from bare tensors)."""
+        facts = [facts for facts, _ in describe_model(model)]
+        return facts if self.structural else [replace(p, embedding=False, head=False) for p in facts]
+
+    def analytic_map_for(self, model: Any, **kwargs: Any) -> StateMap:
+        """The state map for `model` as `build_for(model, **kwargs)` would optimise it."""
+        return self.state_map(self.model_facts(model), **self.settings(kwargs))
+
     def analytic_state_bytes(self, shapes: list[Shape]) -> int:
         """State bytes for fp32 parameters of these shapes, structure unknown (estimate, scaling)."""
         return self.count([Param.from_shape(s) for s in shapes], **self.default_kwargs).state_bytes
 
     def analytic_for(self, model: Any, **kwargs: Any) -> AnalyticState:
         """The analytic facts for `model` as `build_for(model, **kwargs)` would optimise it."""
-        params = [facts for facts, _ in describe_model(model)] if self.structural else [
-            facts for facts, _ in describe_tensors(p for p in model.parameters() if p.requires_grad)]
-        counted = self.count(params, **self.settings(kwargs))
+        params = self.model_facts(model)
+        counted = self.state_map(params, **self.settings(kwargs)).count
         weights_bytes = sum(p.nbytes for p in params)
         return AnalyticState(
             state_bytes=counted.state_bytes,

@@ -21,7 +21,7 @@ import logging
 import math
 from typing import Any
 
-from optbench.optimizers.base import FP32_BYTES, Count, OptimizerSpec, Param, total
+from optbench.optimizers.base import FP32, FP32_BYTES, OptimizerSpec, Param, ParamState, full_moments, param_state
 from optbench.optimizers.torch_optim import ADAMW_LR_RANGE
 
 BNB_MIN_8BIT_NUMEL = 4096
@@ -31,21 +31,31 @@ BNB_QMAP_BYTES = 256 * FP32_BYTES
 BNB_MIN_PAGED_NUMEL = 100_000
 
 
-def bnb_count(moments: int, bits8: bool, embeddings_fp32: bool = False):
-    """A count for an optimizer with `moments` state tensors per parameter (AdEMAMix has three)."""
+def bnb_rule(moments: int, bits8: bool, embeddings_fp32: bool = False):
+    """The rule for an optimizer with `moments` state tensors per parameter (AdEMAMix has three)."""
 
-    def count(params: list[Param], min_8bit_size: int = BNB_MIN_8BIT_NUMEL, **_: Any) -> Count:
-        counts, any_8bit = [], False
-        for p in params:
-            if bits8 and p.numel >= min_8bit_size and not (embeddings_fp32 and p.embedding):
-                any_8bit = True
-                counts.append(Count(moments * (p.numel + FP32_BYTES * math.ceil(p.numel / BNB_BLOCK_SIZE))))
-            else:
-                counts.append(Count(moments * FP32_BYTES * p.numel, p.numel))
-        qmaps = Count(min(moments, 2) * BNB_QMAP_BYTES) if any_8bit else Count()
-        return total(counts) + qmaps
+    def rule(p: Param, min_8bit_size: int = BNB_MIN_8BIT_NUMEL, **_: Any) -> ParamState:
+        if not bits8:
+            return full_moments(p, moments, "fp32 (32-bit optimizer)", fp32=True)
+        if p.numel < min_8bit_size:
+            return full_moments(p, moments, f"fp32: under {min_8bit_size} elements", fp32=True)
+        if embeddings_fp32 and p.embedding:
+            return full_moments(p, moments, "fp32: embedding override (HF)", fp32=True)
+        absmax_bytes = FP32_BYTES * math.ceil(p.numel / BNB_BLOCK_SIZE)
+        return param_state("8-bit", ("uint8", moments * p.numel), (FP32, moments * absmax_bytes))
 
-    return count
+    return rule
+
+
+def bnb_shared(moments: int):
+    """The quantisation maps (one per moment kind, at most two), shared by every parameter with 8-bit state."""
+
+    def shared(states: list[ParamState], **_: Any) -> ParamState | None:
+        if not any("uint8" in state.bytes_by_dtype for state in states):
+            return None
+        return param_state("8-bit quantisation maps", (FP32, min(moments, 2) * BNB_QMAP_BYTES))
+
+    return shared
 
 
 def _private_manager() -> Any:
@@ -101,7 +111,7 @@ def _entry(name: str, class_name: str, moments: int, bits8: bool, **fields: Any)
     defaults = dict(default_lr=5e-5, lr_range=ADAMW_LR_RANGE)
     return OptimizerSpec(
         name=name, factory=_factory(class_name), library="bitsandbytes",
-        precision="int8-blockwise" if bits8 else "fp32", count=bnb_count(moments, bits8),
+        precision="int8-blockwise" if bits8 else "fp32", rule=bnb_rule(moments, bits8), shared=bnb_shared(moments),
         **{**defaults, **fields},
     )
 
@@ -116,7 +126,8 @@ BNB_ENTRIES = [
     OptimizerSpec(
         name="adamw8bit_hf", hf_alias="adamw_bnb_8bit", aliases=("adamw_8bit",), factory=_make_adamw8bit_hf,
         structural=True, library="bitsandbytes", default_lr=5e-5, lr_range=ADAMW_LR_RANGE,
-        precision="int8-blockwise, fp32 embeddings", count=bnb_count(2, True, embeddings_fp32=True),
+        precision="int8-blockwise, fp32 embeddings", rule=bnb_rule(2, True, embeddings_fp32=True),
+        shared=bnb_shared(2),
         # TrainingArguments' defaults: weight_decay 0.0, betas (0.9, 0.999), eps 1e-8.
         default_kwargs={"optim_bits": 8, "is_paged": False, "weight_decay": 0.0},
         description="what HF Trainer builds for optim=adamw_bnb_8bit: AdamW8bit but nn.Embedding weights "

@@ -42,6 +42,17 @@ class CombinedOptimizer(torch.optim.Optimizer):
         self.param_groups = [g for part in self.parts for g in part.param_groups]
         self.state = _StateView(self.parts)
 
+    def state_dict(self) -> dict[str, Any]:
+        """Each part's own state dict: a checkpoint must restore the parts, not the read-only view of them."""
+        return {"parts": [part.state_dict() for part in self.parts]}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load each part; the parts replace their group dicts when they load, so the shared list is rebuilt
+        (an lr scheduler reads `param_groups` at every step and must reach the parts' new groups)."""
+        for part, state in zip(self.parts, state_dict["parts"], strict=True):
+            part.load_state_dict(state)
+        self.param_groups = [g for part in self.parts for g in part.param_groups]
+
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
         loss = None

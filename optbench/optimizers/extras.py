@@ -5,34 +5,44 @@ from __future__ import annotations
 
 from typing import Any
 
-from optbench.optimizers.base import FP32_BYTES, Count, OptimizerSpec, Param, total
-from optbench.optimizers.bnb import bnb_count
-from optbench.optimizers.torch_optim import ADAMW_LR_RANGE, full_moments
+from optbench.optimizers.base import (
+    FP32,
+    FP32_BYTES,
+    STEP,
+    OptimizerSpec,
+    Param,
+    ParamState,
+    factored_numel,
+    full_moments,
+    param_state,
+    short_dtype,
+)
+from optbench.optimizers.bnb import bnb_rule, bnb_shared
+from optbench.optimizers.torch_optim import ADAMW_LR_RANGE
 
 # ---- torchao: tensor-subclass state, compiled on the first step ----
 
+TORCHAO_MIN_QUANT_NUMEL = 4096
 
-def _torchao_count(code_bits: int, block_size: int, qmap_entries: int):
+
+def _torchao_rule(code_bits: int, code_dtype: str, block_size: int, qmap_entries: int, label: str):
     """torchao quantises tensors of >= 4096 elements that its block divides: per moment, `code_bits`
-    per element + one fp32 scale per block + its own fp32 quantisation map (`qmap_entries` values, none
-    for fp8; not shared between tensors, unlike bitsandbytes'). Other tensors keep moments in the
-    parameter's dtype. A 0-d fp32 `step` per parameter."""
+    per element (`code_dtype` codes) + one fp32 scale per block + its own fp32 quantisation map
+    (`qmap_entries` values, none for fp8; not shared between tensors, unlike bitsandbytes'). Other
+    tensors keep moments in the parameter's dtype. A 0-d fp32 `step` per parameter."""
 
-    def count(params: list[Param], **_: Any) -> Count:
-        counts = []
-        for p in params:
-            if p.numel >= 4096 and p.numel % block_size == 0:
-                per_moment = p.numel * code_bits // 8 + FP32_BYTES * (p.numel // block_size + qmap_entries)
-                counts.append(Count(2 * per_moment))
-            else:
-                counts.append(full_moments(p, 2))
-            counts.append(Count(FP32_BYTES))
-        return total(counts)
+    def rule(p: Param, **_: Any) -> ParamState:
+        if p.numel < TORCHAO_MIN_QUANT_NUMEL:
+            return full_moments(p, 2, f"{short_dtype(p.dtype_name)}: under {TORCHAO_MIN_QUANT_NUMEL} elements", STEP)
+        if p.numel % block_size:
+            return full_moments(p, 2, f"{short_dtype(p.dtype_name)}: block size does not divide", STEP)
+        codes = (code_dtype, 2 * (p.numel * code_bits // 8))
+        return param_state(label, codes, (FP32, 2 * FP32_BYTES * (p.numel // block_size + qmap_entries)), STEP)
 
-    return count
+    return rule
 
 
-def _torchao_entry(class_name: str, name: str, hf_alias: str, precision: str, count: Any) -> OptimizerSpec:
+def _torchao_entry(class_name: str, name: str, hf_alias: str, precision: str, rule: Any) -> OptimizerSpec:
     def make(params: Any, lr: float, **kwargs: Any) -> Any:
         from torchao import optim as ao_optim
 
@@ -40,7 +50,7 @@ def _torchao_entry(class_name: str, name: str, hf_alias: str, precision: str, co
 
     return OptimizerSpec(
         name=name, hf_alias=hf_alias, factory=make, library="torchao", extra="torchao", default_lr=5e-5,
-        lr_range=ADAMW_LR_RANGE, precision=precision, count=count,
+        lr_range=ADAMW_LR_RANGE, precision=precision, rule=rule,
         description=f"torchao {class_name}: tensor-subclass state, compiled on its first step",
     )
 
@@ -56,9 +66,9 @@ def _make_schedulefree(params: Any, lr: float, **kwargs: Any) -> Any:
     return optimizer
 
 
-def _schedulefree_count(params: list[Param], **_: Any) -> Count:
+def _schedulefree_rule(p: Param, **_: Any) -> ParamState:
     # z (the averaged iterate's base sequence) and exp_avg_sq, both in the parameter's dtype.
-    return total(full_moments(p, 2) for p in params)
+    return full_moments(p, 2, "full: z + exp_avg_sq")
 
 
 # ---- GaLore and APOLLO: low-rank projected AdamW on chosen 2-D weights ----
@@ -73,8 +83,11 @@ def _is_target(p: Param, target_modules: list[str] | None) -> bool:
     return p.hidden_matrix if not target_modules else any(t in p.name for t in target_modules)
 
 
-def _adam_moments(params: list[Param], **_: Any) -> Count:
-    return total(full_moments(p, 2) for p in params)
+FULL = "full"
+
+
+def _adam_moments(p: Param, **_: Any) -> ParamState:
+    return full_moments(p, 2, FULL)
 
 
 def galore_projection_numel(p: Param, rank: int) -> int:
@@ -90,21 +103,23 @@ def apollo_projection_numel(p: Param, rank: int) -> int:
     return min(rank, *p.shape) * min(p.shape) + 1
 
 
-def _low_rank_count(moments: Any, projection_numel: Any):
-    """For an (m, n) target at rank r: the optimizer's moments (`moments`, a count over parameters) on
-    the (max(m, n), r) projected gradient, plus the projection state (`projection_numel`) in the
-    parameter's dtype; projected parameters never count as fp32 state. Other parameters: the plain
-    optimizer (its `step` is an int)."""
+def _low_rank_rule(moments: Any, projection_numel: Any):
+    """For an (m, n) target at rank r: the optimizer's moments (`moments`, a rule) on the (max(m, n), r)
+    projected gradient, plus the projection state (`projection_numel`) in the parameter's dtype; projected
+    parameters never count as fp32 state. Other parameters: the plain optimizer (its `step` is an int)."""
 
-    def count(params: list[Param], rank: int = 8, target_modules: list[str] | None = None, **settings: Any) -> Count:
-        targets = [p for p in params if _is_target(p, target_modules)]
-        rest = [p for p in params if not _is_target(p, target_modules)]
-        projected = [Param(shape=(max(p.shape), min(rank, *p.shape)), itemsize=p.itemsize) for p in targets]
-        projection_bytes = sum(p.itemsize * projection_numel(p, rank) for p in targets)
-        return (Count(moments(projected + rest, **settings).state_bytes + projection_bytes)
-                + Count(0, moments(rest, **settings).fp32_state_numel))
+    def rule(p: Param, rank: int = 8, target_modules: list[str] | None = None, **settings: Any) -> ParamState:
+        if not _is_target(p, target_modules):
+            plain = moments(p, **settings)
+            why = f"not projected ({'not targeted' if target_modules else p.role})"
+            why += f": {plain.why}" if plain.why != FULL else ""
+            return ParamState(plain.bytes_by_dtype, why, plain.fp32_state_numel)
+        projected = Param(shape=(max(p.shape), min(rank, *p.shape)), itemsize=p.itemsize, dtype=p.dtype_name)
+        projection = (p.dtype_name, p.itemsize * projection_numel(p, rank))
+        return param_state(f"low-rank r={rank} (projected)", *moments(projected, **settings).bytes_by_dtype.items(),
+                           projection)
 
-    return count
+    return rule
 
 
 def _exposing_projections(cls: type) -> type:
@@ -147,24 +162,21 @@ def _low_rank_entry(name: str, module: str, class_name: str, extra: str, group_d
     return OptimizerSpec(
         name=name, factory=_low_rank_factory(module, class_name, group_defaults), structural=True,
         library=module, extra=extra, default_lr=1e-4, lr_range=(1e-5, 1e-3),
-        count=_low_rank_count(moments, projection_numel), default_kwargs=dict(LOW_RANK_DEFAULTS), **fields,
+        rule=_low_rank_rule(moments, projection_numel), default_kwargs=dict(LOW_RANK_DEFAULTS), **fields,
     )
 
 
 # ---- CAME: confidence-guided factored Adam ----
 
 
-def _came_count(params: list[Param], **_: Any) -> Count:
+def _came_rule(p: Param, **_: Any) -> ParamState:
     # Computes in fp32: a full fp32 first moment; for rank >= 2 factored second moment and factored
     # residual (row + column each); for vectors a full fp32 second moment; a 0-d RMS in the param dtype.
-    counts = []
-    for p in params:
-        if len(p.shape) >= 2:
-            rows, cols = p.numel // p.shape[-1], p.numel // p.shape[-2]
-            counts.append(Count(FP32_BYTES * (p.numel + 2 * (rows + cols)) + p.itemsize))
-        else:
-            counts.append(Count(2 * FP32_BYTES * p.numel + p.itemsize, p.numel))
-    return total(counts)
+    rms = (p.dtype_name, p.itemsize)
+    if len(p.shape) >= 2:
+        return param_state("factored + fp32 momentum", (FP32, FP32_BYTES * (p.numel + 2 * factored_numel([p.shape]))),
+                           rms)
+    return param_state("full (vector)", (FP32, 2 * FP32_BYTES * p.numel), rms, fp32_state_numel=p.numel)
 
 
 def _make_came(params: Any, lr: float, **kwargs: Any) -> Any:
@@ -173,10 +185,11 @@ def _make_came(params: Any, lr: float, **kwargs: Any) -> Any:
     return CAME(params, lr=lr, **kwargs)
 
 
-def _adam_mini_count(params: list[Param], **_: Any) -> Count:
+def _adam_mini_rule(p: Param, **_: Any) -> ParamState:
     # Adam-mini's design (paper, not measured: the entry cannot run here): a full fp32 first moment and
     # one fp32 second-moment value per output row of a matrix, one per vector.
-    return total(Count(FP32_BYTES * (p.numel + (p.shape[0] if len(p.shape) >= 2 else 1))) for p in params)
+    rows = p.shape[0] if len(p.shape) >= 2 else 1
+    return param_state("fp32 momentum + 1 v per row", (FP32, FP32_BYTES * (p.numel + rows)))
 
 
 def _make_adam_mini(pairs: list[tuple[Param, Any]], lr: float, **kwargs: Any) -> Any:
@@ -187,16 +200,16 @@ def _make_adam_mini(pairs: list[tuple[Param, Any]], lr: float, **kwargs: Any) ->
 
 EXTRA_ENTRIES = [
     _torchao_entry("AdamW8bit", "adamw8bit_torchao", "adamw_torch_8bit", "int8-blockwise",
-                   _torchao_count(code_bits=8, block_size=256, qmap_entries=256)),
+                   _torchao_rule(8, "uint8", block_size=256, qmap_entries=256, label="8-bit")),
     _torchao_entry("AdamW4bit", "adamw4bit_torchao", "adamw_torch_4bit", "int4-blockwise",
-                   _torchao_count(code_bits=4, block_size=128, qmap_entries=16)),
+                   _torchao_rule(4, "uint8", block_size=128, qmap_entries=16, label="4-bit")),
     _torchao_entry("AdamWFp8", "adamw_fp8_torchao", "", "fp8-e4m3-blockwise",
-                   _torchao_count(code_bits=8, block_size=256, qmap_entries=0)),
+                   _torchao_rule(8, "float8_e4m3fn", block_size=256, qmap_entries=0, label="fp8")),
     OptimizerSpec(
         name="adamw_schedulefree", hf_alias="schedule_free_adamw", factory=_make_schedulefree,
         library="schedulefree", extra="schedulefree",
         # No decay schedule to lean on: the authors advise 1-10x AdamW's lr (and a warm-up).
-        default_lr=1e-4, lr_range=(1e-5, 1e-3), precision="fp32", count=_schedulefree_count,
+        default_lr=1e-4, lr_range=(1e-5, 1e-3), precision="fp32", rule=_schedulefree_rule,
         before_eval=lambda optimizer: optimizer.eval(), after_eval=lambda optimizer: optimizer.train(),
         description="schedulefree AdamWScheduleFree: no lr schedule; evaluate between optimizer.eval()/train()",
     ),
@@ -204,7 +217,8 @@ EXTRA_ENTRIES = [
                     galore_projection_numel, hf_alias="galore_adamw", precision="fp32-low-rank",
                     description="GaLore AdamW: moments of the rank-8 projected gradient of hidden matrices"),
     _low_rank_entry("galore_adamw8bit", "galore_torch", "GaLoreAdamW8bit", "galore", {"scale": 0.25},
-                    bnb_count(2, bits8=True), galore_projection_numel, hf_alias="galore_adamw_8bit",
+                    bnb_rule(2, bits8=True), galore_projection_numel, hf_alias="galore_adamw_8bit",
+                    shared=bnb_shared(2),
                     precision="int8-low-rank",
                     needs_cuda="needs CUDA: galore-torch 1.0's GaLoreAdamW8bit runs bitsandbytes' CUDA-only "
                                "8-bit update ('Torch not compiled with CUDA enabled' on a CPU build)",
@@ -216,12 +230,12 @@ EXTRA_ENTRIES = [
                     description="APOLLO AdamW: random-projection moments, channel-wise update scaling"),
     OptimizerSpec(
         name="came", factory=_make_came, library="came_pytorch", extra="came", default_lr=1e-4,
-        lr_range=(1e-5, 1e-3), precision="factored+fp32-momentum", count=_came_count,
+        lr_range=(1e-5, 1e-3), precision="factored+fp32-momentum", rule=_came_rule,
         description="CAME: Adafactor-style factored moments with a confidence-guided residual",
     ),
     OptimizerSpec(
         name="adam_mini", factory=_make_adam_mini, structural=True, library="adam_mini", extra="adam-mini",
-        default_lr=5e-5, lr_range=ADAMW_LR_RANGE, precision="fp32-blockwise-v", count=_adam_mini_count,
+        default_lr=5e-5, lr_range=ADAMW_LR_RANGE, precision="fp32-blockwise-v", rule=_adam_mini_rule,
         broken="adam-mini 1.1.1 crashes on BERT's first step (IndexError: too many indices for tensor of "
                "dimension 1); its name-based block partition does not cover BERT",
         description="Adam-mini: one second-moment value per parameter block",

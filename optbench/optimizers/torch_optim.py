@@ -9,43 +9,51 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from optbench.optimizers.base import FP32_BYTES, Count, OptimizerSpec, Param, total
+from optbench.optimizers.base import (
+    FP32,
+    STEP,
+    OptimizerSpec,
+    Param,
+    ParamState,
+    factored_numel,
+    full_moments,
+    param_state,
+)
 
 ADAMW_LR_RANGE = (1e-5, 3e-4)
 
 
-def full_moments(p: Param, moments: int, itemsize: int | None = None) -> Count:
-    """`moments` state tensors shaped like `p`; fp32 share when they are fp32."""
-    size = p.itemsize if itemsize is None else itemsize
-    return Count(moments * size * p.numel, p.numel if size == FP32_BYTES else 0)
-
-
-def adamw_count(params: list[Param], **_: Any) -> Count:
+def adamw_rule(p: Param, **_: Any) -> ParamState:
     # exp_avg + exp_avg_sq in the parameter's dtype, plus a 0-d fp32 `step` per parameter.
-    return total(full_moments(p, 2) + Count(FP32_BYTES) for p in params)
+    return full_moments(p, 2, "full: 2 moments", STEP)
 
 
-def _sgd_count(params: list[Param], momentum: float = 0.0, **_: Any) -> Count:
+def _sgd_rule(p: Param, momentum: float = 0.0, **_: Any) -> ParamState:
     # One momentum buffer per parameter (a clone of its gradient), none without momentum.
-    return total(full_moments(p, 1) for p in params) if momentum else Count()
+    return full_moments(p, 1, "full: momentum") if momentum else param_state("none: no momentum")
 
 
-def _adafactor_torch_count(params: list[Param], **_: Any) -> Count:
+def factored_or_full(p: Param, dtype: str, itemsize: int) -> tuple[tuple[str, int], str]:
+    """A second moment kept as row + column statistics for tensors of rank >= 2, in full for vectors:
+    the (dtype, bytes) part and why."""
+    if len(p.shape) >= 2:
+        return (dtype, itemsize * factored_numel([p.shape])), "factored (rows + cols)"
+    return (dtype, itemsize * p.numel), "full (vector)"
+
+
+def _adafactor_torch_rule(p: Param, **_: Any) -> ParamState:
     # torch.optim.Adafactor: row and column variances (shapes [..., rows, 1] and [..., 1, cols]) for
     # tensors of rank >= 2, a full variance for vectors, all in the parameter's dtype; fp32 `step`.
-    counts = []
-    for p in params:
-        if len(p.shape) >= 2:
-            rows, cols = p.numel // p.shape[-1], p.numel // p.shape[-2]
-            counts.append(Count(p.itemsize * (rows + cols) + FP32_BYTES))
-        else:
-            counts.append(full_moments(p, 1) + Count(FP32_BYTES))
-    return total(counts)
+    second, why = factored_or_full(p, p.dtype_name, p.itemsize)
+    full_fp32 = len(p.shape) < 2 and p.dtype_name == FP32
+    return param_state(why, second, STEP, fp32_state_numel=p.numel if full_fp32 else 0)
 
 
-def _muon_count(params: list[Param], **_: Any) -> Count:
+def _muon_rule(p: Param, **_: Any) -> ParamState:
     # Muon: one momentum buffer per hidden matrix; everything else on AdamW.
-    return total(Count(p.nbytes) if p.hidden_matrix else adamw_count([p]) for p in params)
+    if p.hidden_matrix:
+        return param_state("Muon momentum", (p.dtype_name, p.nbytes))
+    return full_moments(p, 2, f"AdamW fallback ({p.role})", STEP)
 
 
 def _make_adamw(params: Any, lr: float, **kwargs: Any) -> Any:
@@ -134,31 +142,31 @@ def _make_muon(pairs: list[tuple[Param, Any]], lr: float, weight_decay: float = 
 TORCH_ENTRIES = [
     OptimizerSpec(
         name="adamw", hf_alias="adamw_torch", factory=_make_adamw, library="torch",
-        default_lr=5e-5, lr_range=ADAMW_LR_RANGE, precision="fp32", count=adamw_count,
+        default_lr=5e-5, lr_range=ADAMW_LR_RANGE, precision="fp32", rule=adamw_rule,
         description="torch.optim.AdamW (default implementation): two moments per parameter, the reference",
     ),
     OptimizerSpec(
         name="adamw_fused", hf_alias="adamw_torch_fused", factory=_make_adamw, library="torch",
-        default_lr=5e-5, lr_range=ADAMW_LR_RANGE, precision="fp32", count=adamw_count,
+        default_lr=5e-5, lr_range=ADAMW_LR_RANGE, precision="fp32", rule=adamw_rule,
         default_kwargs={"fused": True},
         description="torch.optim.AdamW(fused=True): same state, one kernel per step",
     ),
     OptimizerSpec(
         name="sgd", hf_alias="sgd", factory=_make_sgd, library="torch",
         # SGD has no per-coordinate scaling, so it needs a learning rate ~100x AdamW's.
-        default_lr=1e-2, lr_range=(1e-3, 1e-1), precision="fp32", count=_sgd_count,
+        default_lr=1e-2, lr_range=(1e-3, 1e-1), precision="fp32", rule=_sgd_rule,
         default_kwargs={"momentum": 0.9},
         description="torch.optim.SGD, momentum 0.9: one buffer per parameter",
     ),
     OptimizerSpec(
         name="adafactor_torch", factory=_make_adafactor_torch, library="torch",
         # torch's Adafactor scales each update by the parameter's RMS (relative steps).
-        default_lr=1e-3, lr_range=(1e-4, 1e-2), precision="factored", count=_adafactor_torch_count,
+        default_lr=1e-3, lr_range=(1e-4, 1e-2), precision="factored", rule=_adafactor_torch_rule,
         description="torch.optim.Adafactor: row+column second moment, no momentum",
     ),
     OptimizerSpec(
         name="muon", factory=_make_muon, library="torch", structural=True,
-        default_lr=5e-5, lr_range=(1e-5, 1e-3), precision="fp32-orthogonalised", count=_muon_count,
+        default_lr=5e-5, lr_range=(1e-5, 1e-3), precision="fp32-orthogonalised", rule=_muon_rule,
         description="torch.optim.Muon on hidden 2-D matrices (one momentum buffer) + AdamW on embeddings, "
                     "head and vectors; Newton–Schulz in bf16 on CUDA, fp32 on CPU (ns_dtype=)",
     ),

@@ -9,24 +9,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from optbench.optimizers.base import FP32_BYTES, Count, OptimizerSpec, Param, total
+from optbench.optimizers.base import FP32, FP32_BYTES, OptimizerSpec, Param, ParamState, param_state
+from optbench.optimizers.torch_optim import factored_or_full
 
 # Without momentum or parameter scaling Adafactor's update is RMS-clipped to ~lr per element, so it
 # wants a larger lr than AdamW for the same progress.
 ADAFACTOR_LR, ADAFACTOR_LR_RANGE = 3e-4, (3e-5, 3e-3)
 
 
-def _adafactor_count(params: list[Param], beta1: float | None = None, **_: Any) -> Count:
-    counts = []
-    for p in params:
-        if len(p.shape) >= 2:
-            rows, cols = p.numel // p.shape[-1], p.numel // p.shape[-2]
-            second = Count(FP32_BYTES * (rows + cols))
-        else:
-            second = Count(FP32_BYTES * p.numel, p.numel)
-        first = Count(FP32_BYTES * p.numel) if beta1 is not None else Count()
-        counts.append(second + first + Count(FP32_BYTES))
-    return total(counts)
+def _adafactor_rule(p: Param, beta1: float | None = None, **_: Any) -> ParamState:
+    # A vector's full second moment is its full-size fp32 state; a first moment beside a factored second
+    # one is not counted as such (the entry still compresses the bigger statistic). Plus a 0-d fp32 `RMS`.
+    second, why = factored_or_full(p, FP32, FP32_BYTES)
+    first = (FP32, FP32_BYTES * p.numel if beta1 is not None else 0)
+    why += " + momentum" if beta1 is not None else ""
+    return param_state(why, second, first, (FP32, FP32_BYTES), fp32_state_numel=p.numel if len(p.shape) < 2 else 0)
 
 
 def _make_adafactor(params: Any, lr: float, **kwargs: Any) -> Any:
@@ -43,13 +40,13 @@ TRANSFORMERS_ENTRIES = [
     OptimizerSpec(
         name="adafactor", hf_alias="adafactor", aliases=("adafactor_hf",), factory=_make_adafactor,
         library="transformers", default_lr=ADAFACTOR_LR, lr_range=ADAFACTOR_LR_RANGE, precision="factored",
-        count=_adafactor_count, default_kwargs={**_EXTERNAL_LR, "beta1": None},
+        rule=_adafactor_rule, default_kwargs={**_EXTERNAL_LR, "beta1": None},
         description="transformers Adafactor, external lr, no momentum: row+column second moment",
     ),
     OptimizerSpec(
         name="adafactor_momentum", factory=_make_adafactor, library="transformers",
         default_lr=ADAFACTOR_LR, lr_range=ADAFACTOR_LR_RANGE, precision="factored+fp32-momentum",
-        count=_adafactor_count, default_kwargs={**_EXTERNAL_LR, "beta1": 0.9},
+        rule=_adafactor_rule, default_kwargs={**_EXTERNAL_LR, "beta1": 0.9},
         description="transformers Adafactor with beta1=0.9: adds a full fp32 first moment",
     ),
 ]

@@ -5,9 +5,10 @@ A workload is the job an optimizer is judged on: it builds the model and the tok
 headline (target) metric and whether larger or smaller is better. The trial, the report and the
 benchmarks only ever talk to this surface, so adding a workload is one file plus one registry line.
 
-Splits are dicts of equally long tensors (rows first). The training rows are split once more for the
-study's tune stage: `spec.stage == "tune"` carves a validation split out of the *training* data and
-leaves the eval split unbuilt (None), so an lr chosen from tune records cannot have seen it.
+Splits are dicts of equally long tensors (rows first). The training rows are split once more for a study:
+every study trial (`spec.stage` set) carves a validation split out of the *training* data, which alone picks
+the lr, and is also scored on the eval split, which alone is reported; so the tune trial at the chosen lr is
+that seed's final, and the eval split never chooses what it reports on.
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ class Built:
     model_name: str
     dataset_name: str
     train: Split
-    val: Split | None  # carved from the training rows (tune stage only)
-    eval: Split | None  # the held-out split (None in the tune stage: it must not be read)
+    val: Split | None  # carved from the training rows (study trials only)
+    eval: Split  # the held-out split, first `eval_size` rows
     chance_loss: float  # the loss of a uniform guess: the divergence check's yardstick
     pretrained: bool
 
@@ -61,6 +62,10 @@ class Workload:
 
     def dataset_name(self, spec: TrialSpec) -> str:
         return spec.dataset or "embedded-reviews"
+
+    def is_pretrained(self, spec: TrialSpec) -> bool:
+        """Whether the trial starts from pretrained weights (known before building: it is part of the job key)."""
+        return spec.model is not None
 
     def lr_scale(self, spec: TrialSpec) -> float:
         """Factor on the registry's fine-tuning lr (a model trained from scratch wants larger steps)."""
@@ -103,12 +108,14 @@ def carve_validation(train: Split, fraction: float) -> tuple[Split, Split]:
     return take(train, order[count:]), take(train, order[:count])
 
 
-def split_for_stage(spec: TrialSpec, train: Split, held_out: Split) -> tuple[Split, Split | None, Split | None]:
-    """(train, val, eval) for the spec's stage: tune trains on train-minus-val and never sees eval."""
-    if spec.stage == "tune":
+def split_for_stage(spec: TrialSpec, train: Split, held_out: Split) -> tuple[Split, Split | None, Split]:
+    """(train, val, eval) for the spec: a study trial (any stage) trains on train-minus-val and is scored on both
+    validation (which picks its lr) and eval (which is reported); a plain run trains on all of train."""
+    evaluation = take(held_out, slice(0, spec.eval_size))
+    if spec.stage is not None:
         train, val = carve_validation(train, spec.val_fraction)
-        return train, val, None
-    return train, None, take(held_out, slice(0, spec.eval_size))
+        return train, val, evaluation
+    return train, None, evaluation
 
 
 def batch_indices(total: int, batch_size: int, steps: int, seed: int) -> Iterator[torch.Tensor]:

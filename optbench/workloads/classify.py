@@ -87,6 +87,9 @@ class Classification(Workload):
         self.name, self.pretrained, self.description = name, pretrained, description
         self.options = options or {}
 
+    def is_pretrained(self, spec: TrialSpec) -> bool:
+        return self.pretrained or spec.model is not None
+
     def _source(self, spec: TrialSpec) -> str | None:
         """The model folder or hub id to load; None builds the tiny BERT from a config."""
         if spec.model:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import multiprocessing
 import os
 import signal
@@ -22,8 +21,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from optbench.child import PRELOAD, PRELOAD_CPU_ONLY
 from optbench.plan import TrialSpec
+from optbench.process.child import PRELOAD, SWEEP_PID_ENV
+from optbench.process.devices import cuda_device_count, node_environment, preload_modules, slurm_parameters
 from optbench.results import Record
 
 STDERR_TAIL_BYTES = 4096
@@ -117,22 +117,24 @@ class LocalExecutor:
     startup="forkserver" forks each child from a server process that imported torch, transformers and
     datasets once (seconds saved per trial); "spawn" starts a fresh interpreter per trial. Trials with
     `spec.parallel != "none"` always go through `torchrun`, which starts its own ranks.
-    `spec.max_memory_bytes` caps what each trial may add to its address space (RLIMIT_AS).
+    `spec.max_memory_bytes` caps what each trial may add to its address space (RLIMIT_AS). Every child learns
+    this process's pid (OPTBENCH_SWEEP_PID) and dies with it, whatever kills it (process/child.py).
+    `uses_bitsandbytes`: preload bitsandbytes into the forkserver where that is safe (process/devices.py).
     """
 
-    def __init__(self, startup: str = "forkserver", preload_bitsandbytes: bool = False, echo: bool | None = None):
+    def __init__(self, startup: str = "forkserver", uses_bitsandbytes: bool = False, echo: bool | None = None):
         if startup not in STARTUPS:
             raise ValueError(f"startup must be one of {', '.join(STARTUPS)}, got '{startup}'")
         self.startup = startup
         self.echo = sys.stderr.isatty() if echo is None else echo
-        self.preload = PRELOAD + (PRELOAD_CPU_ONLY if preload_bitsandbytes else ())
+        self.preload = preload_modules(PRELOAD, uses_bitsandbytes, cuda_device_count() if uses_bitsandbytes else 0)
         self._context: multiprocessing.context.BaseContext | None = None
         self._lock = threading.Lock()
         self._running: set[_Child] = set()
         self._stopped = False
 
     def run(self, spec: TrialSpec, env: dict[str, str]) -> Record:
-        child_env = {"TOKENIZERS_PARALLELISM": "false", **env}
+        child_env = {"TOKENIZERS_PARALLELISM": "false", SWEEP_PID_ENV: str(os.getpid()), **env}
         if self.echo:
             child_env["OPTBENCH_PROGRESS"] = "1"  # the trial's bar reaches our terminal; a log gets none
         with tempfile.TemporaryDirectory(prefix="optbench-") as tmp:
@@ -178,14 +180,12 @@ class LocalExecutor:
             elif self.startup == "forkserver":
                 process = self._forkserver_locked().Process(
                     target=_child_entry, daemon=False,
-                    args=(str(spec_path), str(record_path), str(log_path), launched_at, env, spec.max_memory_bytes))
+                    args=(str(spec_path), str(record_path), str(log_path), launched_at, env))
                 process.start()
                 child = _Child(process)
             else:
-                command = [sys.executable, "-m", "optbench.child", str(spec_path), str(record_path), str(log_path),
-                           repr(launched_at)]
-                if spec.max_memory_bytes is not None:
-                    command.append(str(spec.max_memory_bytes))
+                command = [sys.executable, "-m", "optbench.process.child", "run", str(spec_path), str(record_path),
+                           str(log_path), repr(launched_at)]
                 child = _Child(subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                                 stderr=subprocess.DEVNULL, start_new_session=True,
                                                 env={**os.environ, **env}))
@@ -213,10 +213,8 @@ class LocalExecutor:
     @staticmethod
     def _torchrun(spec: TrialSpec, spec_path: Path, record_path: Path, log_path: Path,
                   env: dict[str, str]) -> subprocess.Popen:
-        """`torchrun --standalone --nproc-per-node N -m optbench.trial SPEC RECORD`: rank 0 writes the record."""
+        """torchrun in a session of its own (its pid is its group: a timeout kills it whole); rank 0 writes."""
         with open(log_path, "ab") as log:
-            from optbench.engines.parallel import launch_command
-
             return subprocess.Popen(
                 launch_command(spec, spec_path, record_path),
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, env={**os.environ, **env})
@@ -240,9 +238,19 @@ class LocalExecutor:
             child.kill()
 
 
+def launch_command(spec: TrialSpec, spec_path: Path, record_path: Path) -> list[str]:
+    """The command that runs `spec` as a torchrun group; rank 0 writes the record to `record_path`.
+
+    `python -m torch.distributed.run` is `torchrun` from this interpreter (the venv's torch, whatever PATH
+    says); `--standalone` picks a free rendezvous port on this host.
+    """
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(spec.nproc),
+            "-m", "optbench.process.child", "rank", str(spec_path), str(record_path)]
+
+
 def _child_entry(*args) -> None:
     """Forkserver target (module-level so it pickles by name)."""
-    from optbench.child import run_child
+    from optbench.process.child import run_child
 
     run_child(*args)
 
@@ -267,14 +275,14 @@ class SubmititExecutor:
         import submitit
 
         # submitit's own limit sits past the trial's, so a slow trial is a `timeout` record, not a lost job
-        parameters = {"timeout_min": math.ceil(spec.timeout_s / 60) + 2, "name": f"optbench-{spec.optimizer}"}
-        if self.cluster == "slurm" and spec.device.startswith("cuda"):
-            parameters["gpus_per_node"] = max(1, spec.nproc)
+        parameters = slurm_parameters(spec.device, spec.nproc, spec.timeout_s, f"optbench-{spec.optimizer}")
+        if self.cluster != "slurm":
+            parameters.pop("gpus_per_node", None)
         with self._lock:
             if self._stopped:
                 return failed_record(spec, "error", "sweep stopped before this trial started")
             self.executor.update_parameters(**parameters)
-            job = self.executor.submit(run_on_node, spec.to_dict(), env)
+            job = self.executor.submit(run_on_node, spec.to_dict(), node_environment(env))
             self._jobs.add(job)
         try:
             return Record.from_dict(job.result())
@@ -293,6 +301,6 @@ class SubmititExecutor:
 
 
 def run_on_node(spec: dict, env: dict[str, str]) -> dict:
-    """The submitit job: one trial in a fresh local child, its record as plain data."""
+    """The submitit job: one trial in a fresh local child, its record as plain data; slurm's GPU mask stands."""
     executor = LocalExecutor(startup="spawn", echo=False)
     return executor.run(TrialSpec.from_dict(spec), env).to_dict()

@@ -19,8 +19,9 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import TextIO
 
-from optbench.executors import Executor, FunctionExecutor, LocalExecutor
 from optbench.plan import TrialSpec
+from optbench.process.devices import cuda_device_count, gpu_slots, trial_environment, visible_gpus, wants_cuda
+from optbench.process.executors import Executor, FunctionExecutor, LocalExecutor
 from optbench.results import Record, append_record, completed_trial_ids
 
 
@@ -45,29 +46,17 @@ def run_in_subprocess(spec: TrialSpec) -> Record:
     return LocalExecutor(startup="spawn").run(spec, {})
 
 
-def cuda_device_count() -> int:
-    """GPUs this process could use, counted without initialising CUDA (children must be free to pick theirs)."""
-    if "torch" not in sys.modules:
-        return 0  # nothing imported torch: the caller is not planning a CUDA run
-    import torch
-
-    return torch.cuda.device_count()
+def slot_count(specs: list[TrialSpec], jobs: int, gpus: int) -> int:
+    """Trials at once: `jobs`, but on CUDA never more than the visible GPUs hold (a torchrun group takes N)."""
+    if not any(wants_cuda(s.device, gpus) for s in specs):
+        return jobs
+    return gpu_slots(visible_gpus(os.environ, gpus), jobs, max(s.nproc for s in specs))
 
 
-def child_environments(specs: list[TrialSpec], jobs: int, cpu_count: int | None = None,
-                       gpu_count: int | None = None) -> list[dict[str, str]]:
-    """One environment per concurrent slot: a GPU each on CUDA, an equal share of the CPU threads otherwise.
-
-    A spec naming a device index (`cuda:1`) keeps it; `auto`/`cuda` specs see only their slot's GPU.
-    """
-    gpus = cuda_device_count() if gpu_count is None else gpu_count
-    wants_cuda = gpus > 0 and any(s.device in ("auto", "cuda") for s in specs)
-    if wants_cuda:
-        return [{"CUDA_VISIBLE_DEVICES": str(slot)} for slot in range(min(jobs, gpus))]
-    if jobs == 1:
-        return [{}]
-    threads = str(max(1, (cpu_count or os.cpu_count() or 1) // jobs))
-    return [{"OPTBENCH_TORCH_THREADS": threads, "OMP_NUM_THREADS": threads} for _ in range(jobs)]
+def slot_environment(spec: TrialSpec, slot: int, slots: int, gpus: int) -> dict[str, str]:
+    """What the trial in `slot` adds to its environment: its GPU(s), or its share of the CPU threads."""
+    return trial_environment(spec.device, spec.nproc, slot, visible_gpus(os.environ, gpus), slots,
+                             os.cpu_count() or 1)
 
 
 class _Progress:
@@ -116,21 +105,22 @@ def run_sweep(specs: list[TrialSpec], out_path: Path, run_id: str | None = None,
         return []
     if executor is None:
         executor = FunctionExecutor(run_trial) if run_trial is not None else LocalExecutor()
-    slots: queue.SimpleQueue[dict[str, str]] = queue.SimpleQueue()
-    environments = child_environments(pending, jobs)
-    for env in environments:
-        slots.put(env)
+    gpus = cuda_device_count() if any(s.device != "cpu" for s in pending) else 0
+    slots = slot_count(pending, jobs, gpus)
+    free: queue.SimpleQueue[int] = queue.SimpleQueue()
+    for slot in range(slots):
+        free.put(slot)
 
     def in_slot(spec: TrialSpec) -> Record:
-        env = slots.get()
+        slot = free.get()
         try:
-            return executor.run(spec, env)
+            return executor.run(spec, slot_environment(spec, slot, slots, gpus))
         finally:
-            slots.put(env)
+            free.put(slot)
 
     records: list[Record] = []
     tracker = _Progress(len(pending), progress)
-    pool = ThreadPoolExecutor(max_workers=len(environments), thread_name_prefix="trial")
+    pool = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="trial")
     try:
         running: set[Future[Record]] = {pool.submit(in_slot, spec) for spec in pending}
         while running:
@@ -164,3 +154,15 @@ def _skipped_note(spec: TrialSpec) -> Record:
     """A record for display only (never stored): this trial is already recorded ok."""
     return Record(trial_id=spec.trial_id, status="skipped", optimizer=spec.optimizer, seed=spec.seed,
                   workload=spec.workload, error="already recorded ok in this results file")
+
+
+def record_skipped(spec: TrialSpec, reason: str, out_path: Path,
+                   on_record: Callable[[Record], None] | None = None) -> Record:
+    """Record a trial that cannot run here (its library is missing, it needs CUDA) as `skipped`, with why."""
+    from optbench.process.executors import failed_record
+
+    record = failed_record(spec, "skipped", f"unavailable here: {reason}")
+    append_record(out_path, record)
+    if on_record is not None:
+        on_record(record)
+    return record

@@ -1,0 +1,14 @@
+"""The process layer: every process optbench starts for a trial, and the sweep that runs them.
+
+`runner.run_sweep` runs trials up to `--jobs` at a time and appends each record as it lands; an executor
+(`executors.py`: a forkserver or spawned child, a torchrun group, a submitit job) turns one spec into a record
+whatever happens to its process; `child.py` is the bootstrap inside that process (process group, watchdog on the
+sweep, threads, memory cap, record hand-off, the torchrun rank's entry); `devices.py` decides GPUs, threads and
+preloads. Nothing below this layer imports it: the trial itself (optbench/trial.py) starts no process.
+"""
+
+from optbench.process.executors import Executor, FunctionExecutor, LocalExecutor, SubmititExecutor, failed_record
+from optbench.process.runner import ResultsWriteError, SweepInterrupted, new_run_id, run_sweep
+
+__all__ = ["Executor", "FunctionExecutor", "LocalExecutor", "ResultsWriteError", "SubmititExecutor",
+           "SweepInterrupted", "failed_record", "new_run_id", "run_sweep"]

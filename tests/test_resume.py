@@ -1,0 +1,99 @@
+"""Checkpoint and resume: every registry entry through the save/load the trial's resume check uses, and the check
+inside real trials (exact for AdamW, the mode switch for schedule-free, a failing load as a result)."""
+
+import copy
+import io
+from types import SimpleNamespace
+
+import pytest
+import torch
+import transformers
+from _tiny import TINY
+
+from optbench import optimizers, resume
+from optbench.plan import TrialSpec
+from optbench.results import Record
+from optbench.schedules import make_scheduler
+from optbench.trial import run_trial
+from optbench.workloads import tiny_bert_config
+
+
+def _setup(model, entry):
+    optimizer = entry.build_for(model, lr=entry.default_lr)
+    return SimpleNamespace(model=model, optimizer=optimizer, scheduler=make_scheduler(optimizer, "linear", 6, 1),
+                           scaler=None, device=torch.device("cpu"), entry=entry)
+
+
+def _train(s, steps, seed):
+    generator = torch.Generator().manual_seed(seed)
+    losses = []
+    for _ in range(steps):
+        ids = torch.randint(0, s.model.config.vocab_size, (2, 8), generator=generator)
+        loss = s.model(input_ids=ids, labels=torch.tensor([0, 1])).loss
+        loss.backward()
+        s.optimizer.step()
+        s.optimizer.zero_grad()
+        s.scheduler.step()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.parametrize("entry", list(optimizers.REGISTRY.values()), ids=lambda e: e.name)
+def test_every_entry_saves_and_resumes_to_the_same_parameters(entry, monkeypatch):
+    reason = entry.unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"{entry.name} is unavailable here: {reason}")
+    if entry.library == "torchao":  # the same state tensors, without tens of seconds of compilation
+        monkeypatch.setattr(torch, "compile", lambda fn, **_: fn)
+    torch.manual_seed(0)
+    model = transformers.BertForSequenceClassification(tiny_bert_config(hidden_size=32))
+    fresh_model = copy.deepcopy(model)
+    s = _setup(model, entry)
+    _train(s, 2, seed=0)
+    buffer = io.BytesIO()
+    entry.before_eval(s.optimizer)  # what the check does before saving (schedule-free's eval())
+    torch.save(resume.capture(s), buffer)
+    entry.after_eval(s.optimizer)
+    reference = _train(s, 2, seed=1)
+    fresh = _setup(fresh_model, entry)
+    buffer.seek(0)
+    resume.restore(fresh, torch.load(buffer, weights_only=False))
+    entry.after_eval(fresh.optimizer)
+    resumed = _train(fresh, 2, seed=1)
+    record = Record()
+    resume.compare(record, resume._params(s.model), resume._params(fresh.model), reference[-1], resumed[-1])
+    assert record.resume_status in ("exact", "close"), (record.resume_max_abs_param_diff,
+                                                        record.resume_final_loss_diff)
+
+
+@pytest.mark.parametrize("name", [n for n in ("adamw", "adamw8bit", "adamw_schedulefree")
+                                  if optimizers.resolve(n).available])
+def test_a_trial_with_the_resume_check_reports_checkpoint_size_times_and_status(name):
+    record = run_trial(TrialSpec(optimizer=name, resume_check=True, **{**TINY, "steps": 4}))
+    assert record.status == "ok", record.error
+    assert record.resume_status == "exact" and record.resume_max_abs_param_diff == 0.0
+    # the checkpoint holds the weights and the optimizer state (and the schedule, RNG: a few KiB more)
+    assert record.checkpoint_bytes > record.weights_bytes + record.state_bytes
+    assert record.checkpoint_save_s > 0 and record.checkpoint_load_s > 0
+    assert (record.resume_note is not None) == (name == "adamw_schedulefree")
+
+
+def test_compare_calls_tiny_differences_close_and_larger_ones_diverged():
+    a, record = [torch.zeros(3)], Record()
+    resume.compare(record, a, [torch.tensor([0.0, 0.0, 1e-7])], 1.0, 1.0)
+    assert record.resume_status == "close"
+    resume.compare(record, a, [torch.tensor([0.0, 0.0, 1e-2])], 1.0, 1.1)
+    assert record.resume_status == "diverged" and record.resume_max_abs_param_diff == pytest.approx(1e-2)
+    resume.compare(record, a, [torch.zeros(3)], 1.0, 1.0)
+    assert (record.resume_status, record.resume_final_loss_diff) == ("exact", 0.0)
+
+
+def test_a_checkpoint_that_cannot_be_loaded_is_an_error_result_with_the_message(monkeypatch):
+    def broken_load(*args, **kwargs):
+        raise RuntimeError("Error(s) in loading state_dict for AdamW8bit: missing key 'state1'\nmore detail")
+
+    monkeypatch.setattr(resume.torch, "load", broken_load)
+    record = run_trial(TrialSpec(optimizer="adamw", resume_check=True, **{**TINY, "steps": 4}))
+    assert record.status == "ok"  # the trial's own numbers stand; the resume failure is a result
+    assert record.resume_status == "error: RuntimeError: Error(s) in loading state_dict for AdamW8bit: missing key " \
+                                   "'state1'"
