@@ -192,8 +192,8 @@ def _rotate_baseline(night: Night) -> None:
 def render_summary(night: Night, env: dict) -> str:
     config = night.config
     verdict = (f"TRIAL FAILURES ({night.trial_failures})" if night.trial_failures
-               else "first night: no baseline yet, this night became it" if night.first_night
-               else "clean" if night.clean else f"REGRESSION ({len(night.regressions)})")
+               else f"REGRESSION ({len(night.regressions)})" if night.regressions
+               else "first night: no baseline yet, this night became it" if night.first_night else "clean")
     limits = config.thresholds
     lines = [f"## optbench nightly: {verdict}", "",
              f"- commit {env.get('git_commit') or 'unknown'}, device {config.device} "

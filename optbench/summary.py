@@ -47,8 +47,6 @@ def _row(record: Record) -> dict[str, Any]:
     copy = dataclasses.replace(record)  # the caller's records stay as they were read
     split_peak_memory(copy)  # records from benchmark JSON or older files may lack the split
     key = dict(copy.job_key or job_key(copy))
-    if copy.pretrained is False:  # not in the key yet: a model trained from scratch is another job
-        key.setdefault("pretrained", False)
     copy.job_key = key
     row = copy.to_dict()
     row.update(record_values(copy), record=copy, job_id=job_id(key))
@@ -85,8 +83,7 @@ def _labels(frame: pd.DataFrame) -> dict[str, str]:
     """job_id -> heading. Two keys with one label (they differ in a field the label leaves out) get the
     differing fields appended, so no two jobs share a heading."""
     keys = dict(zip(frame["job_id"], frame["job_key"], strict=True))
-    plain = {ident: job_label(key) + (", trained from scratch" if key.get("pretrained") is False else "")
-             for ident, key in keys.items()}
+    plain = {ident: job_label(key) for ident, key in keys.items()}
     labels = dict(plain)
     for ident, label in plain.items():
         twins = [other for other, text in plain.items() if text == label and other != ident]

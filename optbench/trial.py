@@ -225,7 +225,7 @@ def run_trial(spec: TrialSpec) -> Record:
 
 
 def _train_and_measure(spec: TrialSpec, record: Record) -> None:
-    from optbench.resume import ResumeCheck
+    from optbench.engines.resume import ResumeCheck
 
     s = setup(spec, record)
     describe_model(record, s.model, s.entry)

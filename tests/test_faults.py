@@ -73,7 +73,7 @@ def test_sigkill_mid_trial_then_rerun_resumes_without_loss_or_duplicates(tmp_pat
             return Record(trial_id=spec.trial_id, optimizer=spec.optimizer, seed=spec.seed, status="ok")
 
         if __name__ == "__main__":
-            specs = build_grid(["adamw", "adafactor", "adamw8bit"], [0, 1], workload="tiny")
+            specs = build_grid(["adamw", "adafactor", "adamw8bit"], [0, 1], workload="tiny", device="cpu")
             run_sweep(specs, Path({str(out)!r}), run_trial=trial)
     """))
     sweep = subprocess.Popen([sys.executable, str(script)], env=ENV, stderr=subprocess.DEVNULL)

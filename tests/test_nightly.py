@@ -130,13 +130,68 @@ def test_bad_arguments_are_one_line(tmp_path, capsys, args, message):
 
 def test_stage_commands():
     config = nightly.NightConfig(device="cpu", preset="smoke", baseline=Path("b"), out=Path("o"),
-                                 thresholds=nightly.thresholds_for("cpu"), optimizers=("adamw",), workload="tiny")
+                                 thresholds=nightly.thresholds_for("cpu"), optimizers=("adamw",),
+                                 job_argv=("--workload", "tiny"))
     bench = nightly.benchmark_command(config, Path("o/benchmarks.json"))
     assert "--benchmark-save-data" in bench and "--optbench-preset=smoke" in bench
     assert "benchmarks/test_finetune.py::test_finetune[adamw]" in bench
     sweep = nightly.sweep_command(config, Path("o/sweep.jsonl"))
-    assert sweep[-4:] == ["--optimizers", "adamw", "--workload", "tiny"]
+    assert sweep[-4:] == ["--workload", "tiny", "--optimizers", "adamw"]
     assert nightly.thresholds_for("cuda:1") == compare.DEFAULT_THRESHOLDS["cuda"]
+
+
+def test_every_job_flag_given_to_nightly_reaches_its_sweep():
+    from optbench.__main__ import build_parser
+    from optbench.options import job_argv
+
+    argv = ["--workload", "tiny", "--schedule", "cosine", "--batch-size", "4", "--max-memory", "2GiB",
+            "--resume-check", "--workload-option", "hidden_size=32"]
+    args = build_parser().parse_args(["nightly", "--baseline", "b", "--out", "o", *argv])
+    again = build_parser().parse_args(["run", *job_argv(args)])  # what the night's `optbench run` parses
+    for name in ("workload", "schedule", "batch_size", "max_memory", "resume_check", "workload_option", "device"):
+        assert getattr(again, name) == getattr(args, name), name
+    assert again.device == "cuda"  # nightly's default device travels with the rest
+
+
+def test_a_failing_benchmark_test_makes_the_night_red(tmp_path, monkeypatch, capsys):
+    """The suite ran (its JSON exists) but one of its own checks failed: regression, baseline kept."""
+    records = [_record("adamw")]
+
+    def stage(night, name, command, env=None):
+        log = night.config.out / "logs" / f"{name}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text("FAILED benchmarks/test_optimizer_step.py::test_optimizer_step[adamw]\n1 failed\n")
+        if name == "benchmarks":
+            _benchmark_json(records, night.config.out / nightly.BENCHMARK_FILE)
+            return 1
+        append_record(night.config.out / nightly.SWEEP_FILE, records[0])
+        return 0
+
+    monkeypatch.setattr(nightly, "_stage", stage)
+    monkeypatch.setattr(nightly, "_write_reports", lambda night: None)
+    assert _night(tmp_path, "n1") == 1
+    summary = (tmp_path / "n1" / "summary.md").read_text()
+    assert "REGRESSION" in summary and "a benchmark test failed" in summary and "1 failed" in summary
+    assert not (tmp_path / "baseline").exists()  # a red night never becomes the baseline
+
+
+def test_a_sweep_trial_that_errored_makes_the_night_exit_3(tmp_path, monkeypatch):
+    broken = dataclasses.replace(_record("adamw"), status="error", error="RuntimeError: kernel not built")
+
+    def stage(night, name, command, env=None):
+        (night.config.out / "logs").mkdir(parents=True, exist_ok=True)
+        if name == "benchmarks":
+            _benchmark_json([_record("adamw")], night.config.out / nightly.BENCHMARK_FILE)
+            return 0
+        append_record(night.config.out / nightly.SWEEP_FILE, broken)
+        return 3
+
+    monkeypatch.setattr(nightly, "_stage", stage)
+    monkeypatch.setattr(nightly, "_write_reports", lambda night: None)
+    assert _night(tmp_path, "n1", "--accept") == 3  # not even --accept takes a night with broken trials
+    summary = (tmp_path / "n1" / "summary.md").read_text()
+    assert "TRIAL FAILURES (1)" in summary and "kernel not built" in summary
+    assert not (tmp_path / "baseline").exists()
 
 
 # --- three real nights (opt-in: about three minutes on 2 CPU cores) ----------------------------------------

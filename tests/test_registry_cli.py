@@ -27,7 +27,8 @@ def planned():
     """Parse an `optbench run` command line and hand back the trial specs the planner makes of it."""
 
     def plan(*args):
-        parsed = cli.build_parser().parse_args(["run", "--workload", "tiny", "--seeds", "0", *args])
+        parsed = cli.build_parser().parse_args(["run", "--workload", "tiny", "--device", "cpu", "--seeds", "0",
+                                              *args])
         return planner.plan_run(vars(parsed), PRESETS[parsed.preset], parsed.optimizers, parsed.seeds).specs
 
     return plan
@@ -57,6 +58,6 @@ def test_optimizer_kwargs_reach_their_trials_only_and_change_the_trial_id(planne
     (["--optimizers", "adamw", "--optimizer-kwargs", 'lion={"betas": [0.9, 0.99]}'], "does not run"),
 ])
 def test_malformed_optimizer_kwargs_are_a_usage_error(args, message, capsys):
-    assert cli.main(["run", "--workload", "tiny", *args]) == 2
+    assert cli.main(["run", "--workload", "tiny", "--device", "cpu", *args]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("optbench: error:") and message in err[0]

@@ -10,7 +10,8 @@ import torch
 import transformers
 from _tiny import TINY
 
-from optbench import optimizers, resume
+from optbench import optimizers
+from optbench.engines import resume
 from optbench.plan import TrialSpec
 from optbench.results import Record
 from optbench.schedules import make_scheduler

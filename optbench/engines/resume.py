@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from optbench.engines import Setup
+from optbench.engines.base import Setup
 from optbench.results import Record
 
 # torch.distributed.checkpoint raises CheckpointException, a BaseException: a failed save or load is still a result
