@@ -20,3 +20,5 @@ def test_finetune(benchmark, optimizer_spec, bench_size, device):
     benchmark.extra_info.update(extra_info("finetune", record))
     assert record.status == "ok", record.error
     assert math.isfinite(record.eval_metrics[record.target_metric])  # the workload names its metric
+    assert record.state_bytes == record.analytic_state_bytes
+    assert len(record.step_time_samples_s) == spec.steps - max(1, spec.warmup_steps)  # the steps after warm-up

@@ -15,12 +15,11 @@ import dataclasses
 import signal
 import sys
 import textwrap
-import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from optbench import options
-from optbench.options import Parser, UsageError
+from optbench import sizing
+from optbench.options import UsageError, build_parser, job_argv, load_records
 from optbench.planner import PlanError
 from optbench.process.runner import ResultsWriteError
 
@@ -29,96 +28,6 @@ if TYPE_CHECKING:
     from optbench.results import Record
 
 EXIT_OK, EXIT_REGRESSION, EXIT_USAGE, EXIT_TRIAL_FAILED = 0, 1, 2, 3
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog="optbench", description="Which optimizer fits my memory budget, at what cost?")
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
-    run = commands.add_parser("run", help="run the fine-tuning job once per optimizer x seed")
-    options.add_optimizer_arguments(run, "default", "job size (smoke: seconds per optimizer; default: ~1.5 min per "
-                                                    "optimizer on CPU)")
-    options.add_job_arguments(run)
-    run.add_argument("--scale", action="store_true",
-                     help="scaling sweep: tiny BERT at several widths, few steps; fits state bytes vs params "
-                          "(default out: results/scaling.jsonl, writes scaling.png beside it)")
-    run.add_argument("--widths", type=options.int_list, help="with --scale: hidden widths (default 32,64,128,256,512)")
-    study = commands.add_parser("study", help="tune each optimizer's lr on a validation split, then compare them at "
-                                              "their best lr over several seeds")
-    options.add_optimizer_arguments(study, "study", "job size (study: ~30 min for 3 optimizers on 2 CPU cores; "
-                                                    "smoke: <= 3 min)")
-    options.add_job_arguments(study)
-    study.add_argument("--lr-grid", type=options.float_list, help="one lr grid for all, e.g. 1e-5,3e-5,1e-4 "
-                                                                  "(default: each optimizer's registry grid)")
-    study.add_argument("--lr-points", type=options.positive_int, help="points of each registry grid")
-    study.add_argument("--tune-seeds", type=options.int_list, help="seeds of the tune stage (default 0)")
-    commands.add_parser("list", help="registered optimizers: availability, precision, state bytes/param")
-    _add_report_parser(commands)
-    _add_compare_parsers(commands)
-    _add_memory_parsers(commands)
-    return parser
-
-
-def _add_report_parser(commands) -> None:
-    report = commands.add_parser("report", help="tabulate results files (default: results/*.jsonl)")
-    report.add_argument("files", nargs="*", type=Path)
-    report.add_argument("--out-dir", type=Path, default=Path("results"),
-                        help="where report.md, summary.csv and the PNG figures go (default: results/)")
-    report.add_argument("--format", choices=["md", "csv", "json", "html"], default="md",
-                        help="what is printed (md default); html also writes report.html with the figures")
-    report.add_argument("--margin", type=options.positive_float, help="the difference that matters (see run)")
-
-
-def _add_compare_parsers(commands) -> None:
-    compare = commands.add_parser("compare", help="BASE vs NEW per optimizer and job; exit 1 on a regression")
-    for name in ("base", "new"):
-        compare.add_argument(name, type=Path, help="results .jsonl, pytest-benchmark .json, or a folder of .json")
-    options.add_threshold_arguments(compare)
-    compare.add_argument("--export-github-benchmark", type=Path, metavar="FILE",
-                         help="write NEW's numbers for github-action-benchmark: FILE (customSmallerIsBetter) and "
-                              "FILE-accuracy (customBiggerIsBetter)")
-    nightly = commands.add_parser("nightly", help="one night: benchmark suite, sweep, reports, compare with "
-                                                  "BASELINE (rotated only when clean); exit 1 on a regression")
-    nightly.add_argument("--preset", choices=["smoke", "nightly"], default="nightly",
-                         help="size of the sweep and of the benchmark suite (default nightly)")
-    nightly.add_argument("--baseline", type=Path, required=True,
-                         help="folder with the last clean night; empty or absent: this night becomes it")
-    nightly.add_argument("--out", type=Path, required=True, help="folder for this night's results and summary.md")
-    nightly.add_argument("--optimizers", type=options.name_list,
-                         help="a subset (default: the sweep's set, the whole suite)")
-    nightly.add_argument("--accept", action="store_true",
-                         help="an intended change: report the comparison, then make this night the baseline")
-    options.add_job_arguments(nightly)
-    nightly.set_defaults(device="cuda")
-    options.add_threshold_arguments(nightly)
-
-
-def _add_memory_parsers(commands) -> None:
-    estimate = commands.add_parser("estimate", help="weights + grads + optimizer state memory, before running")
-    size = estimate.add_mutually_exclusive_group(required=True)
-    size.add_argument("--params", type=options.param_count, help="parameter count: 65783042, 7e9 or 7B")
-    size.add_argument("--model", help="local model folder or HF id: counted from its config on the meta device")
-    estimate.add_argument("--num-labels", type=options.positive_int,
-                          help="with --model: add a sequence-classification head with this many classes")
-    estimate.add_argument("--results", type=Path, help="results file: use its measured state bytes/param")
-    estimate.add_argument("--gpus", type=options.positive_int, default=1,
-                          help="data-parallel GPUs; >1 adds ZeRO-1/2/3 columns")
-    estimate.add_argument("--gpu-memory", type=options.memory_size, help="memory per GPU, e.g. 80GiB: what fits")
-    estimate.add_argument("--precision", choices=options.PRECISIONS, default="fp32",
-                          help="training precision: bf16 means 2-byte weights and grads (autocast keeps fp32 ones)")
-    recommend = commands.add_parser("recommend", help="which optimizers fit a memory budget, best trade-offs first")
-    size = recommend.add_mutually_exclusive_group(required=True)
-    size.add_argument("--params", type=options.param_count, help="parameter count: 65783042, 7e9 or 7B")
-    size.add_argument("--model", help="local model folder or HF id: counted from its config on the meta device")
-    recommend.add_argument("--gpu-memory", type=options.memory_size, required=True, help="memory per GPU, e.g. 24GiB")
-    recommend.add_argument("--results", type=Path,
-                           help="results file: adds the activation overhead and accuracy measured there")
-    recommend.add_argument("--precision", choices=options.PRECISIONS, default="fp32",
-                           help="training precision (bf16: 2-byte weights, grads and state)")
-    explain = commands.add_parser("explain", help="where an optimizer's state bytes go, parameter by parameter "
-                                                  "(no training: the analytic map on a meta-device model)")
-    explain.add_argument("optimizer", help="registry name or HF Trainer alias")
-    explain.add_argument("--workload", help="whose model: minilm (default) or lm")
-    explain.add_argument("--model", help="local model folder or HF id (read offline from its config)")
 
 
 # -- run and study -------------------------------------------------------------------------------------------
@@ -150,7 +59,7 @@ def _scale(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     out = args.out or scaling.SCALE_OUT
     records = _sweep(args, planner.split_unavailable(specs), out)
-    markdown, figure = scaling.write_scaling(_load_records([out]), out)
+    markdown, figure = scaling.write_scaling(load_records([out]), out)
     print(markdown, end="")
     print(f"wrote {figure}", file=sys.stderr)
     return _exit_status(args, records)
@@ -204,7 +113,7 @@ def _study(args: argparse.Namespace) -> int:
     run_study(plan.names, plan.settings, budget, out, grids=grids, kwargs=plan.optimizer_kwargs,
               executor=_executor(args, specs, out), jobs=args.jobs)
     _finish(args, out)
-    return _exit_status(args, [r for r in _load_records([out]) if r.optimizer in plan.names])
+    return _exit_status(args, [r for r in load_records([out]) if r.optimizer in plan.names])
 
 
 def _executor(args: argparse.Namespace, specs: list, out: Path):
@@ -266,7 +175,7 @@ def _finish(args: argparse.Namespace, out: Path) -> None:
     goes to files beside the results, whose paths are printed."""
     from optbench.report import render_terminal, write_report
 
-    everything = _load_records([out])
+    everything = load_records([out])
     if not everything:
         return
     report_dir = out.with_suffix("")
@@ -294,30 +203,13 @@ def _exit_status(args: argparse.Namespace, records: list) -> int:
 
 
 # -- reading, reporting, comparing -------------------------------------------------------------------------
-def _load_records(files: list[Path]) -> list[Record]:
-    from optbench.benchjson import BenchmarkJsonError, is_benchmark_path, read_benchmark_records
-    from optbench.results import ResultsFileError, read_records
-
-    records = []
-    for path in files:
-        try:
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                records.extend(read_benchmark_records(path) if is_benchmark_path(path) else read_records(path))
-            for warning in caught:
-                print(f"optbench: warning: {warning.message}", file=sys.stderr)
-        except (ResultsFileError, BenchmarkJsonError, UnicodeDecodeError) as exc:
-            raise UsageError(str(exc)) from None
-    return records
-
-
 def _report(args: argparse.Namespace) -> int:
     from optbench.report import write_report
 
     files = args.files or sorted(Path("results").glob("*.jsonl"))
     if not files:
         raise UsageError("no results files given and none in results/ (run `python -m optbench run` first)")
-    records = _load_records(files)
+    records = load_records(files)
     if not records:
         raise UsageError(f"no records in {', '.join(map(str, files))}")
     try:
@@ -342,7 +234,7 @@ def _compare(args: argparse.Namespace) -> int:
 
     runs = {}
     for role, path in (("BASE", args.base), ("NEW", args.new)):
-        runs[role] = _load_records([path])
+        runs[role] = load_records([path])
         if not runs[role]:
             raise UsageError(f"no records in {role} {path}")
     limits = _with_overrides(compare.calibrated_thresholds(runs["BASE"], runs["NEW"]), args)
@@ -373,7 +265,7 @@ def _nightly(args: argparse.Namespace) -> int:
     names = tuple(planner.resolve_names(args.optimizers)) if args.optimizers else ()
     limits = _with_overrides(nightly.thresholds_for(args.device), args)
     config = nightly.NightConfig(device=args.device, preset=args.preset, baseline=args.baseline, out=args.out,
-                                 thresholds=limits, optimizers=names, job_argv=tuple(options.job_argv(args)),
+                                 thresholds=limits, optimizers=names, job_argv=tuple(job_argv(args)),
                                  strict_env=args.strict_env, accept=args.accept)
     try:
         night = nightly.run_night(config)
@@ -390,68 +282,8 @@ def _nightly(args: argparse.Namespace) -> int:
     return EXIT_REGRESSION
 
 
-# -- memory: estimate, recommend, explain ------------------------------------------------------------------
-def _estimate(args: argparse.Namespace) -> int:
-    from optbench import estimate
-
-    if args.num_labels and args.params:
-        raise UsageError("--num-labels needs --model (a --params count already includes any head)")
-    try:
-        size = (estimate.size_from_count(args.params) if args.params
-                else estimate.size_from_model(args.model, args.num_labels))
-    except estimate.EstimateError as exc:
-        raise UsageError(str(exc)) from None
-    measured = estimate.measured_bytes_per_param(_load_records([args.results])) if args.results else None
-    print(estimate.render(estimate.estimate(size, measured, args.precision), size, args.gpus, args.gpu_memory))
-    return EXIT_OK
-
-
-def _recommend(args: argparse.Namespace) -> int:
-    """Exit 0 when something fits, 1 when nothing does (the answer says what to try)."""
-    from optbench import estimate, recommend
-
-    try:
-        size = estimate.size_from_count(args.params) if args.params else estimate.size_from_model(args.model)
-    except estimate.EstimateError as exc:
-        raise UsageError(str(exc)) from None
-    records = _load_records([args.results]) if args.results else []
-    if args.results and not records:
-        raise UsageError(f"no records in {args.results}")
-    rows = recommend.recommend(size, args.gpu_memory, records, args.precision)
-    print(recommend.render(rows, size, args.gpu_memory, args.precision, str(args.results) if args.results else None))
-    return EXIT_OK if any(r.fits for r in rows) else EXIT_REGRESSION
-
-
-def _explain(args: argparse.Namespace) -> int:
-    from optbench import statemap
-
-    try:
-        print(statemap.explain(args.optimizer, workload=args.workload, model=args.model))
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    return EXIT_OK
-
-
-def _list(_: argparse.Namespace) -> int:
-    from tabulate import tabulate
-
-    from optbench import optimizers
-
-    rows = []
-    for spec in optimizers.REGISTRY.values():
-        reason = spec.unavailable_reason()
-        low, high = spec.lr_range
-        rows.append([spec.name, spec.hf_alias or "-", spec.precision, f"{spec.nominal_bytes_per_param:.3f}",
-                     f"{spec.default_lr:g}", f"{low:g}-{high:g}", f'optbench[{spec.extra}]' if spec.extra else "core",
-                     "yes" if reason is None else f"no: {reason}"])
-    print(tabulate(rows, headers=["optimizer", "HF optim", "precision", "state B/param (1024x1024 fp32)",
-                                  "default lr", "lr range", "install", "available here"], tablefmt="github"))
-    print("\n" + optimizers.LIST_NOTES)
-    return EXIT_OK
-
-
-COMMANDS = {"run": _run, "study": _study, "list": _list, "report": _report, "estimate": _estimate,
-            "compare": _compare, "nightly": _nightly, "recommend": _recommend, "explain": _explain}
+COMMANDS = {"run": _run, "study": _study, "report": _report, "compare": _compare, "nightly": _nightly,
+            **sizing.COMMANDS}
 
 
 class Terminated(KeyboardInterrupt):

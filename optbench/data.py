@@ -110,6 +110,40 @@ _FILE_BUILDERS = {".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": 
 OFFLINE_HINT = "the offline default is the embedded dataset (omit --dataset)"
 
 
+def _load(source: str) -> datasets.DatasetDict:
+    """A local csv/json/parquet file, or an HF dataset `name[:config]` (from the hub or its local cache)."""
+    path = Path(source)
+    if path.suffix.lower() in _FILE_BUILDERS:
+        if not path.is_file():
+            raise DatasetError(f"dataset file not found: {source}")
+        try:
+            return datasets.load_dataset(_FILE_BUILDERS[path.suffix.lower()], data_files=str(path))
+        except Exception as exc:  # datasets raises many types for a malformed file
+            raise DatasetError(f"cannot read dataset file {source}: {type(exc).__name__}: {exc}") from exc
+    name, _, config = source.partition(":")
+    try:
+        return datasets.load_dataset(name, config or None)
+    except Exception as exc:
+        raise DatasetError(f"cannot load dataset '{source}' from the Hugging Face hub "
+                           f"({type(exc).__name__}); {OFFLINE_HINT}") from exc
+
+
+def _encode_labels(train: datasets.Dataset, held_out: datasets.Dataset | None, column: str
+                   ) -> tuple[datasets.Dataset, datasets.Dataset | None]:
+    """String (or any non-class) labels as class ids, one mapping for both splits."""
+    combined = train if held_out is None else datasets.concatenate_datasets([train, held_out])
+    names = sorted({str(v) for v in combined[column]})
+    to_id = {n: i for i, n in enumerate(names)}
+
+    def encode(batch: dict[str, list]) -> dict[str, list]:
+        return {column: [to_id[str(v)] for v in batch[column]]}
+
+    def encoded(split: datasets.Dataset) -> datasets.Dataset:
+        return split.map(encode, batched=True).cast_column(column, datasets.ClassLabel(names=names))
+
+    return encoded(train), None if held_out is None else encoded(held_out)
+
+
 def load_user_dataset(source: str, text_column: str, label_column: str | None
                       ) -> tuple[datasets.Dataset, datasets.Dataset]:
     """Train/eval splits from a local csv/json/parquet file or an HF dataset `name[:config]`.
@@ -120,21 +154,7 @@ def load_user_dataset(source: str, text_column: str, label_column: str | None
     # Our own one-line error says what failed; datasets' log lines and progress bars would only repeat it.
     datasets.logging.set_verbosity(datasets.logging.CRITICAL)
     datasets.disable_progress_bars()
-    path = Path(source)
-    if path.suffix.lower() in _FILE_BUILDERS:
-        if not path.is_file():
-            raise DatasetError(f"dataset file not found: {source}")
-        try:
-            loaded = datasets.load_dataset(_FILE_BUILDERS[path.suffix.lower()], data_files=str(path))
-        except Exception as exc:  # datasets raises many types for a malformed file
-            raise DatasetError(f"cannot read dataset file {source}: {type(exc).__name__}: {exc}") from exc
-    else:
-        name, _, config = source.partition(":")
-        try:
-            loaded = datasets.load_dataset(name, config or None)
-        except Exception as exc:
-            raise DatasetError(f"cannot load dataset '{source}' from the Hugging Face hub "
-                               f"({type(exc).__name__}); {OFFLINE_HINT}") from exc
+    loaded = _load(source)
     train = loaded["train"] if "train" in loaded else next(iter(loaded.values()))
     for column in (text_column, label_column) if label_column else (text_column,):
         if column not in train.column_names:
@@ -145,18 +165,8 @@ def load_user_dataset(source: str, text_column: str, label_column: str | None
         raise DatasetError(f"dataset {source} has {len(train)} rows; need at least 2")
     held_out = next((loaded[s] for s in ("validation", "test") if s in loaded), None)
     if label_column and not isinstance(train.features[label_column], datasets.ClassLabel):
-        combined = train if held_out is None else datasets.concatenate_datasets([train, held_out])
-        names = sorted({str(v) for v in combined[label_column]})
-        to_id = {n: i for i, n in enumerate(names)}
-
-        def encode(batch: dict[str, list]) -> dict[str, list]:
-            return {label_column: [to_id[str(v)] for v in batch[label_column]]}
-
-        train = train.map(encode, batched=True).cast_column(label_column, datasets.ClassLabel(names=names))
-        if held_out is not None:
-            held_out = held_out.map(encode, batched=True).cast_column(
-                label_column, datasets.ClassLabel(names=names))
-    if len(set(train[label_column])) < 2:
+        train, held_out = _encode_labels(train, held_out, label_column)
+    if label_column and len(set(train[label_column])) < 2:
         raise DatasetError(f"dataset {source} has a single class in '{label_column}'; a classifier needs at "
                            "least 2 (pick another --label-column or dataset)")
     if held_out is None:

@@ -63,6 +63,11 @@ def _text(field: str) -> Callable[[Record], str | None]:
     return lambda record: getattr(record, field) or None
 
 
+def _scientific(field: str) -> Callable[[Record], str | None]:
+    """A figure that spans many decades (a parameter difference: 0, 1e-7, 3e-2), shown as 1.2e-05."""
+    return lambda record: None if getattr(record, field) is None else f"{getattr(record, field):.1e}"
+
+
 def _on_cuda(record: Record) -> bool:
     return record.peak_cuda_allocated_bytes is not None
 
@@ -135,6 +140,8 @@ METRICS: tuple[Metric, ...] = (
     Metric("ckpt_save_s", "ckpt save s", "s", 2, LOWER, _scaled("checkpoint_save_s", 1)),
     Metric("ckpt_load_s", "ckpt load s", "s", 2, LOWER, _scaled("checkpoint_load_s", 1)),
     Metric("resume", "resume", "", 0, None, _text("resume_status"), aggregate=TEXT),
+    Metric("resume_param_diff", "resume max Δparam", "", 0, None, _scientific("resume_max_abs_param_diff"),
+           aggregate=TEXT),
     # for the figures only
     Metric("weights_mib", "weights MiB", "MiB", 1, None, _scaled("weights_bytes", 1 / MIB), show=False),
     Metric("grads_mib", "grads MiB", "MiB", 1, None, _scaled("grads_bytes", 1 / MIB), show=False),

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
@@ -97,9 +99,32 @@ def memory_size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def load_records(files: list[Path]) -> list:
+    """Every record in the results files or pytest-benchmark JSON named on the command line; a file that is not one
+    is a usage error (one line), a skipped torn line a warning on stderr."""
+    from optbench.benchjson import BenchmarkJsonError, is_benchmark_path, read_benchmark_records
+    from optbench.results import ResultsFileError, read_records
+
+    records = []
+    for path in files:
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                records.extend(read_benchmark_records(path) if is_benchmark_path(path) else read_records(path))
+            for warning in caught:
+                print(f"optbench: warning: {warning.message}", file=sys.stderr)
+        except (ResultsFileError, BenchmarkJsonError, UnicodeDecodeError) as exc:
+            raise UsageError(str(exc)) from None
+    return records
+
+
 def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags that define the job and where it runs (planner.JOB_FLAGS): the same for run, study and nightly."""
-    job = parser.add_argument_group("the job (defaults: the preset's)")
+    _add_job_definition(parser.add_argument_group("the job (defaults: the preset's)"))
+    _add_placement(parser.add_argument_group("where it runs"))
+
+
+def _add_job_definition(job) -> None:
     job.add_argument("--workload", help="minilm (pretrained BERT classifier, default), lm (causal LM from scratch) "
                                         "or tiny (random-init BERT, for tests); see optbench.workloads")
     job.add_argument("--workload-option", action="append", metavar="KEY=VALUE",
@@ -136,7 +161,9 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     job.add_argument("--resume-check", action="store_true",
                      help="save a checkpoint at the middle step, resume in fresh objects, compare with the "
                           "uninterrupted run: checkpoint MiB, save/load s, resume status")
-    where = parser.add_argument_group("where it runs")
+
+
+def _add_placement(where) -> None:
     where.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     where.add_argument("--timeout", type=positive_float, help="seconds per trial before it is killed")
     where.add_argument("--max-memory", type=memory_size, metavar="SIZE",
@@ -205,3 +232,94 @@ def job_argv(args: argparse.Namespace) -> list[str]:
         else:  # a memory size parsed to bytes goes back with its unit
             words += [flag, f"{value}B" if action.type is memory_size else str(value)]
     return words
+
+
+# -- the commands ------------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog="optbench", description="Which optimizer fits my memory budget, at what cost?")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    run = commands.add_parser("run", help="run the fine-tuning job once per optimizer x seed")
+    add_optimizer_arguments(run, "default", "job size (smoke: seconds per optimizer; default: ~1.5 min per "
+                                                    "optimizer on CPU)")
+    add_job_arguments(run)
+    run.add_argument("--scale", action="store_true",
+                     help="scaling sweep: tiny BERT at several widths, few steps; fits state bytes vs params "
+                          "(default out: results/scaling.jsonl, writes scaling.png beside it)")
+    run.add_argument("--widths", type=int_list, help="with --scale: hidden widths (default 32,64,128,256,512)")
+    study = commands.add_parser("study", help="tune each optimizer's lr on a validation split, then compare them at "
+                                              "their best lr over several seeds")
+    add_optimizer_arguments(study, "study", "job size (study: ~30 min for 3 optimizers on 2 CPU cores; "
+                                                    "smoke: <= 3 min)")
+    add_job_arguments(study)
+    study.add_argument("--lr-grid", type=float_list, help="one lr grid for all, e.g. 1e-5,3e-5,1e-4 "
+                                                                  "(default: each optimizer's registry grid)")
+    study.add_argument("--lr-points", type=positive_int, help="points of each registry grid")
+    study.add_argument("--tune-seeds", type=int_list, help="seeds of the tune stage (default 0)")
+    commands.add_parser("list", help="registered optimizers: availability, precision, state bytes/param")
+    _add_report_parser(commands)
+    _add_compare_parsers(commands)
+    _add_memory_parsers(commands)
+    return parser
+
+
+def _add_report_parser(commands) -> None:
+    report = commands.add_parser("report", help="tabulate results files (default: results/*.jsonl)")
+    report.add_argument("files", nargs="*", type=Path)
+    report.add_argument("--out-dir", type=Path, default=Path("results"),
+                        help="where report.md, summary.csv and the PNG figures go (default: results/)")
+    report.add_argument("--format", choices=["md", "csv", "json", "html"], default="md",
+                        help="what is printed (md default); html also writes report.html with the figures")
+    report.add_argument("--margin", type=positive_float, help="the difference that matters (see run)")
+
+
+def _add_compare_parsers(commands) -> None:
+    compare = commands.add_parser("compare", help="BASE vs NEW per optimizer and job; exit 1 on a regression")
+    for name in ("base", "new"):
+        compare.add_argument(name, type=Path, help="results .jsonl, pytest-benchmark .json, or a folder of .json")
+    add_threshold_arguments(compare)
+    compare.add_argument("--export-github-benchmark", type=Path, metavar="FILE",
+                         help="write NEW's numbers for github-action-benchmark: FILE (customSmallerIsBetter) and "
+                              "FILE-accuracy (customBiggerIsBetter)")
+    nightly = commands.add_parser("nightly", help="one night: benchmark suite, sweep, reports, compare with "
+                                                  "BASELINE (rotated only when clean); exit 1 on a regression")
+    nightly.add_argument("--preset", choices=["smoke", "nightly"], default="nightly",
+                         help="size of the sweep and of the benchmark suite (default nightly)")
+    nightly.add_argument("--baseline", type=Path, required=True,
+                         help="folder with the last clean night; empty or absent: this night becomes it")
+    nightly.add_argument("--out", type=Path, required=True, help="folder for this night's results and summary.md")
+    nightly.add_argument("--optimizers", type=name_list,
+                         help="a subset (default: the sweep's set, the whole suite)")
+    nightly.add_argument("--accept", action="store_true",
+                         help="an intended change: report the comparison, then make this night the baseline")
+    add_job_arguments(nightly)
+    nightly.set_defaults(device="cuda")
+    add_threshold_arguments(nightly)
+
+
+def _add_memory_parsers(commands) -> None:
+    estimate = commands.add_parser("estimate", help="weights + grads + optimizer state memory, before running")
+    size = estimate.add_mutually_exclusive_group(required=True)
+    size.add_argument("--params", type=param_count, help="parameter count: 65783042, 7e9 or 7B")
+    size.add_argument("--model", help="local model folder or HF id: counted from its config on the meta device")
+    estimate.add_argument("--num-labels", type=positive_int,
+                          help="with --model: add a sequence-classification head with this many classes")
+    estimate.add_argument("--results", type=Path, help="results file: use its measured state bytes/param")
+    estimate.add_argument("--gpus", type=positive_int, default=1,
+                          help="data-parallel GPUs; >1 adds ZeRO-1/2/3 columns")
+    estimate.add_argument("--gpu-memory", type=memory_size, help="memory per GPU, e.g. 80GiB: what fits")
+    estimate.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                          help="training precision: bf16 means 2-byte weights and grads (autocast keeps fp32 ones)")
+    recommend = commands.add_parser("recommend", help="which optimizers fit a memory budget, best trade-offs first")
+    size = recommend.add_mutually_exclusive_group(required=True)
+    size.add_argument("--params", type=param_count, help="parameter count: 65783042, 7e9 or 7B")
+    size.add_argument("--model", help="local model folder or HF id: counted from its config on the meta device")
+    recommend.add_argument("--gpu-memory", type=memory_size, required=True, help="memory per GPU, e.g. 24GiB")
+    recommend.add_argument("--results", type=Path,
+                           help="results file: adds the activation overhead and accuracy measured there")
+    recommend.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                           help="training precision (bf16: 2-byte weights, grads and state)")
+    explain = commands.add_parser("explain", help="where an optimizer's state bytes go, parameter by parameter "
+                                                  "(no training: the analytic map on a meta-device model)")
+    explain.add_argument("optimizer", help="registry name or HF Trainer alias")
+    explain.add_argument("--workload", help="whose model: minilm (default) or lm")
+    explain.add_argument("--model", help="local model folder or HF id (read offline from its config)")

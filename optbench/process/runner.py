@@ -92,15 +92,7 @@ def run_sweep(specs: list[TrialSpec], out_path: Path, run_id: str | None = None,
     fresh local process forked from a preloaded forkserver. Up to `jobs` run at once. Ctrl-C stops
     the running children and raises SweepInterrupted; a failed append raises ResultsWriteError.
     """
-    run_id = run_id or new_run_id()
-    done = completed_trial_ids(out_path)
-    pending = []
-    for spec in specs:
-        if spec.trial_id in done:
-            if on_record is not None:
-                on_record(_skipped_note(spec))
-        else:
-            pending.append(spec)
+    pending = _pending(specs, out_path, on_record)
     if not pending:
         return []
     if executor is None:
@@ -118,8 +110,7 @@ def run_sweep(specs: list[TrialSpec], out_path: Path, run_id: str | None = None,
         finally:
             free.put(slot)
 
-    records: list[Record] = []
-    tracker = _Progress(len(pending), progress)
+    store = _Store(out_path, run_id or new_run_id(), _Progress(len(pending), progress), on_record)
     pool = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="trial")
     try:
         running: set[Future[Record]] = {pool.submit(in_slot, spec) for spec in pending}
@@ -127,27 +118,45 @@ def run_sweep(specs: list[TrialSpec], out_path: Path, run_id: str | None = None,
             finished, running = wait(running, return_when=FIRST_COMPLETED)
             # Trials that finished are recorded before a failure among them (an interrupt) is raised.
             for future in sorted(finished, key=lambda f: f.exception() is not None):
-                record = future.result()
-                record.run_id = run_id
-                try:
-                    append_record(out_path, record)
-                except OSError as exc:
-                    raise ResultsWriteError(exc.errno, f"cannot append to {out_path}: {exc.strerror or exc}; "
-                                                       f"{len(records)} trials recorded") from exc
-                records.append(record)
-                tracker.finished(record)
-                if on_record is not None:
-                    on_record(record)
-    except KeyboardInterrupt:
+                store.add(future.result())
+    except BaseException as exc:
         executor.stop()
         pool.shutdown(wait=True, cancel_futures=True)
-        raise SweepInterrupted(len(records)) from None
-    except BaseException:
-        executor.stop()
-        pool.shutdown(wait=True, cancel_futures=True)
+        if isinstance(exc, KeyboardInterrupt):
+            raise SweepInterrupted(len(store.records)) from None
         raise
     pool.shutdown()
-    return records
+    return store.records
+
+
+def _pending(specs: list[TrialSpec], out_path: Path, on_record: Callable[[Record], None] | None) -> list[TrialSpec]:
+    """The specs not yet recorded `ok` in `out_path`; the others are announced as already done."""
+    done = completed_trial_ids(out_path)
+    for spec in specs:
+        if spec.trial_id in done and on_record is not None:
+            on_record(_skipped_note(spec))
+    return [spec for spec in specs if spec.trial_id not in done]
+
+
+class _Store:
+    """Appends each finished trial's record (one line, locked, fsynced), then reports it."""
+
+    def __init__(self, out_path: Path, run_id: str, tracker: _Progress,
+                 on_record: Callable[[Record], None] | None) -> None:
+        self.out_path, self.run_id, self.tracker, self.on_record = out_path, run_id, tracker, on_record
+        self.records: list[Record] = []
+
+    def add(self, record: Record) -> None:
+        record.run_id = self.run_id
+        try:
+            append_record(self.out_path, record)
+        except OSError as exc:
+            raise ResultsWriteError(exc.errno, f"cannot append to {self.out_path}: {exc.strerror or exc}; "
+                                               f"{len(self.records)} trials recorded") from exc
+        self.records.append(record)
+        self.tracker.finished(record)
+        if self.on_record is not None:
+            self.on_record(record)
 
 
 def _skipped_note(spec: TrialSpec) -> Record:
