@@ -73,6 +73,20 @@ SIZES: dict[str, BenchSize] = {
 }
 
 
+def suite_device(name: str) -> torch.device:
+    """The device `name` (auto, cpu, cuda, cuda:N) means for the suite, with its index, made the current device:
+    `cuda` and `auto` are the current GPU, and a `cuda:N` suite must time on GPU N's stream, not GPU 0's (CUDA
+    events, `torch.cuda.synchronize()` and libraries that say "cuda" all follow the current device). The names
+    `trial.resolve_device` refuses are refused (ValueError)."""
+    from optbench.trial import resolve_device
+
+    device = resolve_device(name)
+    if device.type == "cuda":
+        device = torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index)
+        torch.cuda.set_device(device)
+    return device
+
+
 def trial_spec(size: BenchSize, optimizer: str, device: torch.device, **overrides: Any) -> TrialSpec:
     """The job every benchmark of one optimizer belongs to (same spec, same trial_id, one report row)."""
     settings: dict[str, Any] = dict(workload=size.workload, device=str(device), steps=size.finetune_steps,
@@ -101,6 +115,7 @@ def measured_record(spec: TrialSpec, optimizer_spec: OptimizerSpec, built: Built
     record.model, record.dataset = built.model_name, built.dataset_name
     describe_model(record, model, optimizer_spec)
     describe_state(record, optimizer, optimizer_spec)
+    record.paged_state_bytes = measure.paged_state_bytes(optimizer)  # outside the CUDA allocator's peak
     memory.fill(record)
     return record
 

@@ -1,4 +1,9 @@
-"""Benchmark-suite plumbing: the `--optbench-preset` size, one workload per session, the registry as params.
+"""Benchmark-suite plumbing: the `--optbench-preset` size, the `--optbench-device`, one workload per session, the
+registry as params.
+
+The device is resolved once, at start-up, to an indexed device made current (`bench_support.suite_device`): every
+benchmark then builds, steps and synchronizes on that GPU, CUDA events and library kernels queue on its stream,
+and machine_info names it (not GPU 0 whatever ran).
 
 The workload (MiniLM: ~3 s to build) is built once per session; bitsandbytes (~5 s to import) is
 imported by the registry the first time an 8-bit optimizer is built. Every optimizer of the registry
@@ -12,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 import torch
-from bench_support import SIZES, BenchSize, trial_spec
+from bench_support import SIZES, BenchSize, suite_device, trial_spec
 
 from optbench.optimizers import REGISTRY, OptimizerSpec, UnknownOptimizerError, resolve
 
@@ -26,6 +31,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 PRESET_ENV = "OPTBENCH_PRESET"
+DEVICE_ENV = "OPTBENCH_DEVICE"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -36,6 +42,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.getgroup("optbench").addoption(
         "--optbench-optimizers", default=None, metavar="NAMES",
         help="comma-separated registry names to benchmark (default: every entry; unavailable ones skip)")
+    parser.getgroup("optbench").addoption(
+        "--optbench-device", default=None, metavar="DEVICE",
+        help=f"auto, cpu, cuda or cuda:N (default: ${DEVICE_ENV} or 'auto': the current GPU if any, else the CPU)")
 
 
 def _preset_name(config: pytest.Config) -> str:
@@ -45,6 +54,17 @@ def _preset_name(config: pytest.Config) -> str:
     return name
 
 
+def _device(config: pytest.Config) -> torch.device:
+    """The suite's device, resolved once per session (and made current on CUDA)."""
+    if not hasattr(config, "_optbench_device"):
+        name = config.getoption("--optbench-device") or os.environ.get(DEVICE_ENV) or "auto"
+        try:
+            config._optbench_device = suite_device(name)
+        except ValueError as exc:
+            raise pytest.UsageError(f"--optbench-device: {exc}") from None
+    return config._optbench_device
+
+
 def pytest_configure(config: pytest.Config) -> None:
     _preset_name(config)  # a bad OPTBENCH_PRESET fails at start-up, not after the first benchmark
 
@@ -52,9 +72,11 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: dict) -> None:
     from optbench.environment import MACHINE_KEYS, environment
 
-    env = environment()
+    device = _device(config)
+    env = environment(device)  # the GPU the suite ran on
     machine_info.update({key: env.get(key) for key in MACHINE_KEYS})
     machine_info["optbench_preset"] = _preset_name(config)
+    machine_info["optbench_device"] = str(device)
 
 
 @pytest.fixture(scope="session")
@@ -63,10 +85,8 @@ def bench_size(pytestconfig: pytest.Config) -> BenchSize:
 
 
 @pytest.fixture(scope="session")
-def device() -> torch.device:
-    from optbench.trial import resolve_device
-
-    return resolve_device("auto")
+def device(pytestconfig: pytest.Config) -> torch.device:
+    return _device(pytestconfig)
 
 
 @pytest.fixture(scope="session")

@@ -12,6 +12,10 @@ Per step, over all parameters flattened into one vector:
 where u = params after step() - params before, and u_ref the shadow's update. For `adamw` itself the two
 are the same computation, so cosine is 1 and the error 0: the probe's own zero point.
 
+Under fp16 the probe runs after the GradScaler has unscaled the gradients and checked them, so the shadow
+steps on the gradients the real optimizer sees; a step the scaler skips (inf/NaN gradients) is skipped by
+the shadow too and has no reading (None), so one overflow cannot leave the shadow's moments NaN.
+
 The shadow holds an fp32 copy of the parameters, two fp32 moments and a snapshot of the parameters,
 so a fidelity trial's memory readings are inflated; the record says `fidelity=True`.
 """
@@ -60,10 +64,15 @@ class UpdateFidelity:
         self.shadow = torch.optim.AdamW(shadow_groups)
         self.cosines: list[float | None] = []
         self.rel_errors: list[float | None] = []
+        self._skipping = False
 
     @torch.no_grad()
-    def before_step(self) -> None:
-        """Snapshot the parameters and take the shadow's step from them with the current gradients."""
+    def before_step(self, skip: bool = False) -> None:
+        """Snapshot the parameters and take the shadow's step from them with the current (unscaled) gradients;
+        `skip`: the real optimizer.step() will not run (a GradScaler found inf/NaN), so neither does the shadow's."""
+        self._skipping = skip
+        if skip:
+            return
         for group, shadow_group in zip(self._optimizer.param_groups, self.shadow.param_groups, strict=True):
             shadow_group["lr"] = float(group["lr"])  # follow the scheduler
         for param, before, shadow in zip(self._params, self._before, self._shadow_params, strict=True):
@@ -79,6 +88,10 @@ class UpdateFidelity:
     @torch.no_grad()
     def after_step(self) -> tuple[float | None, float | None]:
         """Compare the update the real optimizer just made with u_ref; append and return (cosine, rel error)."""
+        if self._skipping:  # no step, no update to compare
+            self.cosines.append(None)
+            self.rel_errors.append(None)
+            return None, None
         dot = norm_u = norm_ref = norm_diff = 0.0
         for param, before, ref in zip(self._params, self._before, self._shadow_params, strict=True):
             update = param.to(torch.float32) - before

@@ -1,12 +1,12 @@
-"""Probes: optimizer-state bytes, peak memory and synchronized timing.
+"""Probes: optimizer-state bytes, peak memory, device bandwidth and the speed summary (timing: optbench/timing.py).
 
 Each probe exists because the obvious way to measure gets it wrong:
 - optimizer state is created lazily on the first step() and bitsandbytes shares its quantisation maps
   across parameters, so state is counted after training, one storage at a time;
 - tensor subclasses (torchao's quantised states) report the element size of the dtype they pretend
   to be, so they are counted through their inner tensors (`__tensor_flatten__`);
-- CUDA kernels run asynchronously: a step is timed with CUDA events and synchronized once, at its end
-  (a synchronize between backward and step() would serialize what a real loop overlaps);
+- torch's CUDA allocator counts only its own allocations: bitsandbytes' paged state (CUDA unified memory)
+  is counted apart (`paged_state_bytes`) and the driver's used-memory figure is followed beside the peaks;
 - tracemalloc does not see tensor memory, so CPU peaks come from the kernel's VmHWM, which can be
   reset by writing 5 to /proc/self/clear_refs.
 """
@@ -17,14 +17,15 @@ import contextlib
 import ctypes
 import ctypes.util
 import gc
-import os
 import statistics
-import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
+
+# Clocks and step timing live in optbench/timing.py; these stay importable from here for their callers.
+from optbench.timing import SLOWDOWN_ENV, StepTimer, clock, slow_down_if_asked, synchronize  # noqa: F401
 
 _STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
@@ -131,7 +132,12 @@ class MemoryWindow:
     """Peak memory from now on: CUDA peak allocated/reserved on GPU; RSS high-water mark and its growth
     over the RSS at the window's start on CPU. The trial opens one after setup and a warm-up pass; the
     benchmarks open one per benchmark. `paused()` keeps work that is not training (an `--eval-every`
-    evaluation, a resume check's checkpoint) out of the peaks."""
+    evaluation, a resume check's checkpoint) out of the peaks.
+
+    On CUDA it also follows the device's used memory as the driver counts it (`device_used_bytes`): memory
+    allocated outside torch's allocator — bitsandbytes' paged state lives in CUDA unified memory — never reaches
+    the allocator's peak counters. The loop calls `sample_device_used()` after each step, outside the timed
+    intervals; `fill` takes one more sample and records the growth over the window's start."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -140,11 +146,23 @@ class MemoryWindow:
         self.rss_baseline_bytes = current_rss_bytes()
         self._held_peaks: tuple[int, int, int] = (0, 0, 0)  # rss, cuda allocated, cuda reserved before a pause
         reset_peaks(device)
+        self.device_used_baseline_bytes = device_used_bytes(device)
+        self.device_used_peak_bytes = self.device_used_baseline_bytes
+        self._paused_used_bytes = 0  # used memory the pauses left behind (torch caches an evaluation's blocks)
 
     def rss_growth_bytes(self) -> int | None:
         """RSS now over the window's baseline (None where /proc is absent)."""
         now = current_rss_bytes()
         return None if now is None or self.rss_baseline_bytes is None else now - self.rss_baseline_bytes
+
+    def sample_device_used(self) -> int | None:
+        """Read the device's used memory now and return it (None off CUDA); call it between steps, never inside a
+        timed interval. torch's cache only grows, so a reading after each step also holds that step's reserved
+        peak."""
+        used = device_used_bytes(self.device)
+        if used is not None and self.device_used_peak_bytes is not None:
+            self.device_used_peak_bytes = max(self.device_used_peak_bytes, used - self._paused_used_bytes)
+        return used
 
     def _peaks(self) -> tuple[int | None, int | None, int | None]:
         """(peak RSS, CUDA peak allocated, CUDA peak reserved) over the window, pauses excluded."""
@@ -156,19 +174,52 @@ class MemoryWindow:
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
-        """Run the body outside the window: the peaks so far are kept, the body's own peak is not counted."""
+        """Run the body outside the window: the peaks so far are kept, the body's own peak is not counted, and the
+        device memory it leaves cached is taken off later device-used readings (too much only where training later
+        reuses those cached blocks)."""
         self._held_peaks = tuple(v or 0 for v in self._peaks())  # type: ignore[assignment]
+        used_before = self.sample_device_used()
         try:
             yield
         finally:
             release_freed_memory()
             reset_peaks(self.device)
+            used_after = device_used_bytes(self.device)
+            if used_before is not None and used_after is not None:
+                self._paused_used_bytes += max(0, used_after - used_before)
 
     def fill(self, record: Any) -> None:
-        """Set the record's peak fields (peak_cuda_*, peak_rss_bytes, peak_rss_growth_bytes)."""
+        """Set the record's peak fields (peak_cuda_*, peak_rss_bytes, peak_rss_growth_bytes,
+        peak_device_used_growth_bytes)."""
         record.peak_rss_bytes, record.peak_cuda_allocated_bytes, record.peak_cuda_reserved_bytes = self._peaks()
         if record.peak_rss_bytes is not None and self.rss_baseline_bytes is not None:
             record.peak_rss_growth_bytes = record.peak_rss_bytes - self.rss_baseline_bytes
+        self.sample_device_used()
+        if self.device_used_peak_bytes is not None and self.device_used_baseline_bytes is not None:
+            record.peak_device_used_growth_bytes = self.device_used_peak_bytes - self.device_used_baseline_bytes
+
+
+def device_used_bytes(device: torch.device) -> int | None:
+    """Memory in use on the GPU as the driver counts it (total - free, cudaMemGetInfo): torch's reserved segments,
+    allocations made around torch (cudaMallocManaged pages resident on the GPU, library workspaces), the CUDA
+    context — and other processes' on the same GPU (the process layer gives each trial a GPU of its own).
+    None off CUDA. Asks the driver without synchronizing: read it after the step's last event was waited for."""
+    if device.type != "cuda":
+        return None
+    free, total = torch.cuda.mem_get_info(device)
+    return total - free
+
+
+def paged_state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of optimizer state in bitsandbytes' paged buffers (cudaMallocManaged, tensors marked `is_paged`): no
+    torch allocator counter ever sees them, so a CUDA peak must add them rather than subtract them. 0 elsewhere
+    (bitsandbytes keeps tensors under 1e5 elements, and every tensor on CPU, in ordinary memory)."""
+    paged: dict[tuple[str, int], int] = {}
+    for param_state in optimizer.state.values():
+        for leaf in leaf_tensors(list(param_state.values())):
+            if getattr(leaf, "is_paged", False):
+                paged[storage_key(leaf)] = leaf.untyped_storage().nbytes()
+    return sum(paged.values())
 
 
 def cuda_peaks(device: torch.device) -> tuple[int | None, int | None]:
@@ -177,17 +228,6 @@ def cuda_peaks(device: torch.device) -> tuple[int | None, int | None]:
         return None, None
     torch.cuda.synchronize(device)
     return torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def clock(device: torch.device) -> float:
-    """perf_counter() after the device has finished its queued work: the only honest CUDA timestamp."""
-    synchronize(device)
-    return time.perf_counter()
 
 
 def median_iqr(values: list[float]) -> tuple[float | None, float | None]:
@@ -214,34 +254,6 @@ def describe_speed(record: Any, step_times: list[float], optimizer_times: list[f
         record.roofline_fraction = achieved / record.device_bandwidth_bytes_per_s
 
 
-class StepTimer:
-    """Named timestamps within one train step, read as intervals once the step is done.
-
-    On CUDA each mark records an event on the current stream and `intervals` synchronizes once, on the
-    last event, so the device runs the step as an untimed loop would; on CPU marks are perf_counter().
-    """
-
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-        self.marks: dict[str, torch.cuda.Event | float] = {}
-
-    def mark(self, name: str) -> None:
-        if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            self.marks[name] = event
-        else:
-            self.marks[name] = time.perf_counter()
-
-    def seconds(self, start: str, end: str) -> float:
-        """Seconds between two marks; on CUDA the first call waits for the last recorded event."""
-        first, last = self.marks[start], self.marks[end]
-        if self.cuda:
-            list(self.marks.values())[-1].synchronize()
-            return first.elapsed_time(last) / 1e3
-        return last - first
-
-
 def last_level_cache_bytes() -> int:
     """The largest CPU cache (sysfs), 32 MiB where it cannot be read: what a bandwidth buffer must dwarf."""
     sizes = []
@@ -252,18 +264,36 @@ def last_level_cache_bytes() -> int:
     return max(sizes, default=32 * 2**20)
 
 
-def bandwidth_buffer_bytes(device: torch.device) -> int:
-    """Bytes per triad operand: 2x the last-level cache on CPU (two operands: 4x in all), 512 MiB on CUDA (far
-    beyond any L2, and long enough — tens of microseconds and more — for CUDA events to time well)."""
-    return 512 * 2**20 if device.type == "cuda" else 2 * last_level_cache_bytes()
+CUDA_BANDWIDTH_OPERAND_BYTES = 512 * 2**20  # far beyond any L2; a pass lasts long enough for events to time it
+MIN_CUDA_BANDWIDTH_OPERAND_BYTES = 16 * 2**20  # below this a reading says more about launch latency than memory
+
+
+def bandwidth_buffer_bytes(device: torch.device, room_bytes: int | None = None) -> int:
+    """Bytes per triad operand: 2x the last-level cache on CPU (two operands: 4x in all); on CUDA 512 MiB, or a
+    quarter of `room_bytes` (what the allocator may still take) where that is less, so that a `--max-memory` cap
+    never makes the probe the trial's out-of-memory error."""
+    if device.type != "cuda":
+        return 2 * last_level_cache_bytes()
+    return CUDA_BANDWIDTH_OPERAND_BYTES if room_bytes is None else min(CUDA_BANDWIDTH_OPERAND_BYTES, room_bytes // 4)
+
+
+def cuda_room_bytes(device: torch.device) -> int:
+    """What torch's allocator can still get on `device`: the driver's free memory, and no more than the
+    per-process cap (`set_per_process_memory_fraction`) leaves beyond what the allocator already reserved."""
+    free, total = torch.cuda.mem_get_info(device)
+    capped = int(torch.cuda.get_per_process_memory_fraction(device) * total) - torch.cuda.memory_reserved(device)
+    return min(free, capped)
 
 
 def triad_bandwidth_samples(device: torch.device, samples: int = 5) -> list[float]:
     """The device's memory bandwidth as an in-place kernel shaped like an optimizer step sees it: `a += s * b` over
     two fp32 buffers that dwarf the caches, bytes counted as the step's are (every byte read once, every byte
     written once: 3 x the operand size; in place, so no write-allocate traffic goes uncounted), one sample per
-    pass after one untimed pass, with torch's current thread count. CUDA passes are timed with events."""
-    nbytes = bandwidth_buffer_bytes(device)
+    pass after one untimed pass, with torch's current thread count. CUDA passes are timed with events; no samples
+    where the memory left is too small for a meaningful buffer."""
+    nbytes = bandwidth_buffer_bytes(device, cuda_room_bytes(device) if device.type == "cuda" else None)
+    if device.type == "cuda" and nbytes < MIN_CUDA_BANDWIDTH_OPERAND_BYTES:
+        return []
     a = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
     b = torch.full_like(a, 1e-3)
     a.add_(b, alpha=0.5)  # untimed: pages the buffers in, warms the kernel
@@ -300,30 +330,3 @@ def optimizer_impl(optimizer: Any) -> str | None:
         params = [p for g in optimizer.param_groups for p in g["params"]]
         _, foreach = _default_to_fused_or_foreach(params, differentiable=False, use_fused=False)
     return "foreach" if foreach else "per-tensor loop"
-
-
-SLOWDOWN_ENV = "OPTBENCH_TEST_OPTIMIZER_SLOWDOWN"
-
-
-def injected_slowdown(elapsed_s: float) -> None:
-    """Test-only knob: with OPTBENCH_TEST_OPTIMIZER_SLOWDOWN=0.3 each optimizer.step() takes 30 % longer.
-
-    The regression gate's tests and the nightly's red-night check use it to make a known slowdown."""
-    fraction = float(os.environ.get(SLOWDOWN_ENV) or 0)
-    if fraction > 0:
-        time.sleep(fraction * elapsed_s)
-
-
-def slow_down_if_asked(optimizer: torch.optim.Optimizer) -> None:
-    """Wrap `optimizer.step` so it sleeps per `injected_slowdown`; a no-op unless the knob is set."""
-    if not float(os.environ.get(SLOWDOWN_ENV) or 0):
-        return
-    step = optimizer.step
-
-    def slowed_step(*args, **kwargs):
-        start = time.perf_counter()
-        result = step(*args, **kwargs)
-        injected_slowdown(time.perf_counter() - start)
-        return result
-
-    optimizer.step = slowed_step

@@ -110,6 +110,7 @@ def benchmark_command(config: NightConfig, json_path: Path) -> list[str]:
     else:
         targets = [str(BENCHMARK_DIR)] + ([] if config.preset == "nightly" else ["-k", "not harness"])
     return [sys.executable, "-m", "pytest", *targets, "--benchmark-only", f"--optbench-preset={config.preset}",
+            f"--optbench-device={config.device}",
             f"--benchmark-json={json_path}", "--benchmark-save-data", "-p", "no:cacheprovider", "-q"]
 
 

@@ -2,7 +2,9 @@
 
 - `fp32`: fp32 weights, gradients and compute.
 - `bf16-autocast` / `fp16-autocast`: fp32 weights (the master copy), forward under `torch.autocast`;
-  fp16 on CUDA also scales the loss (GradScaler), since fp16 gradients underflow without it.
+  fp16 on CUDA also scales the loss (GradScaler), since fp16 gradients underflow without it. The scaler's
+  unscale and inf/NaN check run before the optimizer-step interval (`unscale_and_check`), so optimizer.step()
+  is timed alone in every precision; a step it skips is recorded as skipped.
 - `bf16`: bf16 weights and gradients, no fp32 master copy — the regime low-bit optimizers are often paired
   with; state dtypes then follow the parameters for optimizers that allocate `zeros_like(param)`.
 """
@@ -46,3 +48,24 @@ def parse_precision(name: str) -> Precision:
 
 def dtype_name(dtype: torch.dtype | None) -> str | None:
     return None if dtype is None else str(dtype).removeprefix("torch.")
+
+
+def unscale_and_check(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> bool:
+    """Unscale `optimizer`'s gradients (unless done already this step, e.g. by gradient clipping) and read the
+    scaler's inf/NaN check, which waits for the backward pass on the host: whether optimizer.step() will run.
+
+    Done before the optimizer-step mark, so that interval holds optimizer.step() alone; `scaler.step` afterwards
+    finds the gradients unscaled (or the caller steps the optimizer itself) and `scaler.update` works as usual.
+    A disabled scaler records no check: the step runs."""
+    found = scaler._found_inf_per_device(optimizer)  # filled by unscale_; torch's own fused optimizers read it too
+    if not found:
+        scaler.unscale_(optimizer)
+        found = scaler._found_inf_per_device(optimizer)
+    return not any(flag.item() for flag in found.values())
+
+
+def wrapped_step_will_run(optimizer: Any) -> bool:
+    """`unscale_and_check` for an optimizer wrapped together with its scaler (Accelerate's AcceleratedOptimizer,
+    which Trainer uses too: `.scaler`, `.optimizer`); True where there is no scaler."""
+    scaler = getattr(optimizer, "scaler", None)
+    return True if scaler is None else unscale_and_check(scaler, optimizer.optimizer)

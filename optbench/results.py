@@ -90,22 +90,32 @@ class Record:
     peak_cuda_reserved_bytes: int | None = None
     peak_rss_bytes: int | None = None
     peak_rss_growth_bytes: int | None = None
-    # Device memory allocated outside torch's allocator (bitsandbytes' paged state lives in CUDA unified
-    # memory): the growth of used device memory (torch.cuda.mem_get_info) over the window; None off CUDA.
+    # Which CUDA figure is which: peak_cuda_* are torch's caching allocator's own counters, blind to memory
+    # allocated around it. paged_state_bytes is the optimizer state held there instead (bitsandbytes' paged
+    # optimizers keep their larger state tensors in CUDA unified memory, cudaMallocManaged; 0 where nothing is
+    # paged, as on CPU). peak_device_used_growth_bytes is the driver's count of used device memory
+    # (cudaMemGetInfo: total - free) at its highest reading (the window's start, after each step, at its end)
+    # over the reading at the window's start: it sees everything, torch's cache included, so compare it with
+    # peak_cuda_reserved_bytes growth, not with allocated. None off CUDA.
+    paged_state_bytes: int | None = None
     peak_device_used_growth_bytes: int | None = None
     # RSS over the baseline right after the last optimizer step: what training holds between steps
     # (grads + state + what the allocator keeps), without the transient peak inside step()
     rss_growth_after_step_bytes: int | None = None
     # held (above) minus grads and state: allocator-cached activation and temporary buffers still resident
     held_other_bytes: int | None = None
-    # Peak split into parts. peak_memory_bytes is the CUDA allocator peak, or on CPU weights + peak RSS
-    # growth (the post-setup baseline already holds the weights, so growth alone would miss them).
-    # other_peak_bytes = peak - weights - grads - state: activations, temporaries, allocator slack.
+    # Peak split into parts. peak_memory_bytes is, on CUDA, the allocator peak plus paged_state_bytes (state the
+    # allocator never saw, resident on the GPU unless the driver pages it out under memory pressure); on CPU
+    # weights + peak RSS growth (the post-setup baseline already holds the weights, so growth alone would miss
+    # them). other_peak_bytes = peak - weights - grads - state: activations, temporaries, allocator slack.
     peak_memory_bytes: int | None = None
     other_peak_bytes: int | None = None
     predicted_peak_bytes: int | None = None  # optbench.predict's figure for peak_memory_bytes, before training
     # time
-    first_step_s: float | None = None
+    first_step_s: float | None = None  # the first step whose optimizer.step() ran (a skipped one created no state)
+    # Steps whose optimizer.step() a GradScaler skipped (fp16: inf/NaN gradients): trained on, but out of
+    # first_step_s and the medians, since they did no optimizer work
+    skipped_steps: list[int] = field(default_factory=list)
     step_time_median_s: float | None = None
     step_time_iqr_s: float | None = None
     optimizer_step_median_s: float | None = None
@@ -236,9 +246,10 @@ def job_label(key: dict[str, Any]) -> str:
 def split_peak_memory(record: Record) -> None:
     """Fill `peak_memory_bytes` and `other_peak_bytes` from the measured peaks.
 
-    On CUDA the allocator's peak counts every live tensor, weights included. On CPU the RSS peak is read
-    as growth over the post-setup baseline, which already holds the weights, so they are added back.
-    What is left after weights, grads and optimizer state is activations and temporaries ("other").
+    On CUDA the allocator's peak counts every tensor it allocated, weights included, but not state allocated
+    around it (`paged_state_bytes`): that is added to the peak, and so subtracted only once with the state. On
+    CPU the RSS peak is read as growth over the post-setup baseline, which already holds the weights, so they are
+    added back. What is left after weights, grads and optimizer state is activations and temporaries ("other").
     On CPU that remainder can come out negative: the baseline is taken after a warm-up backward whose
     freed buffers the allocator may keep resident and reuse (so grads or state need no new pages), and
     RSS counts pages rather than tensors. A negative remainder means "no measurable extra", so it is
@@ -248,7 +259,7 @@ def split_peak_memory(record: Record) -> None:
     """
     if record.peak_memory_bytes is None:
         if record.peak_cuda_allocated_bytes is not None:
-            record.peak_memory_bytes = record.peak_cuda_allocated_bytes
+            record.peak_memory_bytes = record.peak_cuda_allocated_bytes + (record.paged_state_bytes or 0)
         elif record.peak_rss_growth_bytes is not None and record.weights_bytes is not None:
             record.peak_memory_bytes = record.weights_bytes + record.peak_rss_growth_bytes
     if record.other_peak_bytes is not None or record.peak_memory_bytes is None or None in (

@@ -38,19 +38,25 @@ BANDWIDTH_SAMPLES = 5  # triad passes before and again after training: the roofl
 
 
 def resolve_device(name: str) -> torch.device:
-    """The torch device a spec's device name means in this process. Where the process layer pinned the trial's
-    GPU (CUDA_VISIBLE_DEVICES holds only it), `cuda:N` is this process's cuda:0."""
+    """The torch device a spec's device name means in this process, always with an index on CUDA (torch's
+    set_device and the memory cap want one). Where the process layer pinned the trial's GPU (CUDA_VISIBLE_DEVICES
+    holds only it), `cuda:N` is this process's cuda:0; a bare `cuda` is the current GPU (a torchrun rank has set
+    its own), asked without initialising CUDA where nothing has yet."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     try:
         device = torch.device(name)
     except RuntimeError:
         raise ValueError(f"unknown device '{name}'; use auto, cpu, cuda or cuda:N") from None
-    if device.type == "cuda" and os.environ.get(GPU_PINNED_ENV):
-        device = torch.device("cuda", 0)
-    if device.type == "cuda" and not torch.cuda.is_available():
+    if device.type != "cuda":
+        return device
+    if not torch.cuda.is_available():
         raise ValueError(f"device '{name}' asked for, but this torch build sees no CUDA device (use --device cpu)")
-    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+    if device.index is None:
+        return torch.device("cuda", torch.cuda.current_device() if torch.cuda.is_initialized() else 0)
+    if os.environ.get(GPU_PINNED_ENV):
+        return torch.device("cuda", 0)
+    if device.index >= torch.cuda.device_count():
         raise ValueError(f"device '{name}' asked for, but only {torch.cuda.device_count()} GPU(s) are visible")
     return device
 

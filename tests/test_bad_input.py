@@ -4,6 +4,7 @@ and no results file started. Runs `main()` in this process (fd-level capture, so
 import shutil
 
 import pytest
+from _tiny import TINY_ARGS
 
 from optbench.__main__ import main
 from optbench.results import Record, append_record
@@ -21,7 +22,7 @@ def files(tmp_path, monkeypatch):
     return tmp_path
 
 
-RUN = ["run", "--workload", "tiny", "--steps", "2", "--warmup-steps", "0", "--out", "r.jsonl"]
+RUN = ["run", *TINY_ARGS, "--out", "r.jsonl"]  # the tiny CPU job: a case's flags come after (and win)
 
 CASES = [
     # run: numbers that are zero, negative, not numbers or infinite
@@ -66,7 +67,7 @@ CASES = [
 @pytest.mark.parametrize("argv,message", CASES, ids=[" ".join(a[a.index("r.jsonl") + 1:] if "r.jsonl" in a else a)
                                                       for a, _ in CASES])
 def test_bad_input_is_one_line_exit_2_and_no_results_file(files, capfd, argv, message):
-    if argv[:1] == ["run"] and "--device" in argv and argv[-1] == "cuda":
+    if argv[:1] == ["run"] and argv[-2:] == ["--device", "cuda"]:
         torch = pytest.importorskip("torch")
         if torch.cuda.is_available():
             pytest.skip("this machine has a GPU: --device cuda is not bad input here")

@@ -1,13 +1,19 @@
-"""OptbenchCallback on a plain Trainer run: the README's example, run as written on the tiny BERT."""
+"""OptbenchCallback on a plain Trainer run: the README's example, run as written on the tiny BERT; and its fp16
+path (a GradScaler's unscale before the optimizer-step mark, skipped steps) driven step by step."""
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import torch
+from _overflow import overflowing
+from torch.amp.grad_scaler import OptState
 
 from optbench import optimizers
 from optbench.engines.trainer import SplitDataset
+from optbench.integrations import OptbenchCallback
 from optbench.plan import TrialSpec
 from optbench.results import read_records
 from optbench.workloads import get_workload
@@ -67,3 +73,33 @@ def test_records_accumulate_across_runs(user_run):
 def test_readme_holds_the_example_as_tested():
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert README_EXAMPLE.strip() in readme
+
+
+def test_fp16_unscale_happens_before_the_optimizer_mark_and_a_skipped_step_is_kept_out():
+    """Trainer calls the callback around AcceleratedOptimizer.step(), which runs scaler.step + scaler.update; the
+    callback unscales and reads the inf check before its optimizer-step mark (once: clipping may have done it)."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    inner = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu")
+    wrapped = SimpleNamespace(scaler=scaler, optimizer=inner)  # what Accelerate hands Trainer's callbacks
+    callback, args = OptbenchCallback(warmup_steps=0), SimpleNamespace(device=torch.device("cpu"))
+    callback.on_train_begin(args, None, None)
+    for step, (poison, clipped) in enumerate([(True, False), (False, False), (False, True), (False, False)]):
+        state = SimpleNamespace(global_step=step + 1)
+        callback.on_step_begin(args, state, None)
+        loss = model(torch.randn(3, 4)).sum()
+        scaler.scale(overflowing(loss) if poison else loss).backward()
+        if clipped:
+            scaler.unscale_(inner)  # Trainer's gradient clipping unscales first
+        callback.on_pre_optimizer_step(args, state, None, optimizer=wrapped)
+        assert scaler._per_optimizer_states[id(inner)]["stage"] is OptState.UNSCALED
+        assert "step" in callback._timer.marks and "stepped" not in callback._timer.marks
+        scaler.step(inner)
+        scaler.update()
+        callback.on_optimizer_step(args, state, None, optimizer=wrapped)
+        inner.zero_grad(set_to_none=True)
+        callback.on_step_end(args, state, None)
+    assert callback.record.skipped_steps == [0]
+    assert callback.samples.first_stepped == 1 and callback.record.first_step_s > 0
+    assert len(callback.step_times) == len(callback.optimizer_times) == 2  # steps 2 and 3

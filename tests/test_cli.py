@@ -1,45 +1,69 @@
-"""The command line end to end (subprocesses, tiny BERT) and every kind of bad input."""
+"""The command line end to end (subprocesses, tiny BERT, on the CPU): a sweep prints its verdicts and a table that
+fits a terminal and writes its full report beside the results; a rerun resumes; `report` tabulates; bad input is
+one line and exit 2."""
 
 import json
-import os
-import subprocess
-import sys
 
 import pandas as pd
 import pytest
+from _tiny import TINY_ARGS, optbench
 
-TINY_RUN = ["--workload", "tiny", "--device", "cpu", "--steps", "4", "--warmup-steps", "1", "--batch-size", "4",
-            "--seq-len", "16", "--eval-size", "16"]
-
-
-def optbench(*args, cwd=None):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    return subprocess.run([sys.executable, "-m", "optbench", *map(str, args)], capture_output=True,
-                          text=True, cwd=cwd, env=env, timeout=600)
+TERMINAL_COLUMNS = 120
 
 
-def test_sweep_of_the_three_optimizers_then_report(tmp_path):
-    out = tmp_path / "sweep.jsonl"
-    result = optbench("run", *TINY_RUN, "--out", out)
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    out = tmp_path_factory.mktemp("cli") / "sweep.jsonl"
+    return out, optbench("run", *TINY_ARGS, "--out", out)
+
+
+def test_a_sweep_of_the_three_default_optimizers_records_each_once(sweep):
+    out, result = sweep
     assert result.returncode == 0, result.stderr
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert sorted(r["optimizer"] for r in records) == ["adafactor", "adamw", "adamw8bit"]
     assert all(r["status"] == "ok" for r in records), [r["error"] for r in records]
+    assert {r["device"] for r in records} == {"cpu"} and all(r["env"]["gpu"] is None for r in records)
     by_name = {r["optimizer"]: r for r in records}
     assert by_name["adamw"]["state_bytes_per_param"] > 8.0 > 2 * by_name["adamw8bit"]["state_bytes_per_param"]
     assert by_name["adafactor"]["state_bytes_per_param"] < 0.5
     # A fresh process per trial: the state allocated after the baseline shows up as RSS growth.
     assert by_name["adamw"]["peak_rss_growth_bytes"] > by_name["adamw"]["state_bytes"] / 2
-    assert result.stdout.count(" ok ") >= 3  # one summary line per trial
+    assert by_name["adamw"]["paged_state_bytes"] == 0 and by_name["adamw"]["skipped_steps"] == []
 
-    again = optbench("run", *TINY_RUN, "--out", out)  # resume: everything is already ok
-    assert again.returncode == 0 and len(out.read_text().splitlines()) == 3
 
+def test_the_sweep_prints_verdicts_and_a_table_that_fits_a_terminal(sweep):
+    out, result = sweep
+    lines = result.stdout.splitlines()
+    assert max(map(len, lines)) <= TERMINAL_COLUMNS, max(lines, key=len)
+    assert sum(" ok " in line and "seed=0" in line for line in lines) == 3  # one line per finished trial
+    assert "adamw: eval accuracy" in result.stdout and "(the reference)" in result.stdout
+    verdicts = [line for line in lines if line.startswith(("adafactor: ", "adamw8bit: "))]
+    assert len(verdicts) == 2 and all("vs adamw" in line for line in verdicts)
+    (header,) = [line for line in lines if line.startswith("| optimizer")]
+    assert "state MiB" in header and "step ms" in header
+    assert sum(line.startswith("| adam") or line.startswith("| adafactor") for line in lines) == 3
+
+
+def test_the_full_report_is_written_beside_the_results(sweep):
+    out, result = sweep
+    folder = out.with_suffix("")
+    assert f"full report: {folder / 'report.md'}" in result.stdout
+    assert (folder / "report.md").read_text().startswith("### tiny-bert")
+    summary = pd.read_csv(folder / "summary.csv").set_index("optimizer")
+    assert summary.loc["adamw", "mem saved % vs adamw"] == pytest.approx(0.0)
+    beside = next(line for line in result.stdout.splitlines() if line.startswith("beside it: "))
+    assert all((folder / name.strip()).is_file() for name in beside.removeprefix("beside it: ").split(","))
+
+
+def test_a_rerun_resumes_and_report_tabulates(sweep, tmp_path):
+    out, _ = sweep
+    again = optbench("run", *TINY_ARGS, "--out", out)  # resume: everything is already ok
+    assert again.returncode == 0, again.stderr
+    assert len(out.read_text().splitlines()) == 3
     report = optbench("report", out, "--out-dir", tmp_path)
     assert report.returncode == 0, report.stderr
     assert "| adamw8bit" in report.stdout and "state B/param" in report.stdout
-    summary = pd.read_csv(tmp_path / "summary.csv")
-    assert summary.set_index("optimizer").loc["adamw", "mem saved % vs adamw"] == pytest.approx(0.0)
     assert (tmp_path / "report.md").read_text().startswith("### tiny-bert")
 
 
@@ -79,8 +103,11 @@ def bad_files(tmp_path):
     (["frobnicate"], "invalid choice"),
 ])
 def test_bad_input_is_one_line_and_exit_2(bad_files, args, message):
-    result = optbench(*[a.format(tmp=bad_files) for a in args], cwd=bad_files)
+    argv = [a.format(tmp=bad_files) for a in args]
+    if argv[0] == "run":
+        argv += ["--device", "cpu", "--out", str(bad_files / "r.jsonl")]  # about the input, on any machine
+    result = optbench(*argv, cwd=bad_files)
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0], result.stderr
-    assert "Traceback" not in result.stderr
+    assert len(lines) == 1 and lines[0].startswith("optbench: error: ") and message in lines[0], result.stderr
+    assert "Traceback" not in result.stderr and not (bad_files / "r.jsonl").exists()

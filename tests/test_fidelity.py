@@ -1,11 +1,16 @@
-"""Update fidelity against a shadow fp32 AdamW, the untimed probe, and the peak-memory split."""
+"""Update fidelity against a shadow fp32 AdamW, the untimed probe, the probe under a GradScaler, and the
+peak-memory split (CPU RSS, the CUDA allocator, and paged state the allocator never saw)."""
 
 import pytest
+import torch
+from _overflow import overflowing
 
-from optbench import measure, optimizers
+from optbench import optimizers
 from optbench.fidelity import UpdateFidelity, reference_settings
 from optbench.plan import TrialSpec
+from optbench.precision import unscale_and_check
 from optbench.results import Record, split_peak_memory
+from optbench.timing import StepTimer
 from optbench.trial import run_trial
 
 TINY = dict(workload="tiny", device="cpu", steps=4, warmup_steps=1, batch_size=4, seq_len=16, eval_size=16)
@@ -59,12 +64,12 @@ def test_probe_time_is_outside_the_timed_intervals(monkeypatch):
         timer.marks[name] = now[0]
 
     def slow(method):
-        def wrapped(self):
+        def wrapped(self, *args, **kwargs):
             now[0] += 1000.0
-            return method(self)
+            return method(self, *args, **kwargs)
         return wrapped
 
-    monkeypatch.setattr(measure.StepTimer, "mark", tick)
+    monkeypatch.setattr(StepTimer, "mark", tick)
     monkeypatch.setattr(UpdateFidelity, "before_step", slow(UpdateFidelity.before_step))
     monkeypatch.setattr(UpdateFidelity, "after_step", slow(UpdateFidelity.after_step))
     record = run_trial(TrialSpec(optimizer="adamw", fidelity=True, **TINY))
@@ -94,6 +99,50 @@ def test_peak_split_on_cuda_uses_the_allocator_peak():
                     peak_rss_growth_bytes=5)
     split_peak_memory(record)
     assert record.peak_memory_bytes == 1000 and record.other_peak_bytes == 600
+
+
+def test_peak_split_adds_paged_state_the_allocator_never_saw_and_subtracts_it_once():
+    # 8-bit paged AdamW: 150 of its 200 state bytes live in cudaMallocManaged buffers, outside the allocator's
+    # peak (1000); subtracting all 200 from that peak would understate "other" by 150.
+    paged = Record(weights_bytes=100, grads_bytes=100, state_bytes=200, paged_state_bytes=150,
+                   peak_cuda_allocated_bytes=1000)
+    split_peak_memory(paged)
+    assert paged.peak_memory_bytes == 1150 and paged.other_peak_bytes == 750
+    allocator_only = Record(weights_bytes=100, grads_bytes=100, state_bytes=200, paged_state_bytes=0,
+                            peak_cuda_allocated_bytes=1000)
+    split_peak_memory(allocator_only)
+    assert allocator_only.peak_memory_bytes == 1000 and allocator_only.other_peak_bytes == 600
+
+
+def _scaled_backward(model, scaler, inputs, poison=False):
+    loss = model(inputs).square().mean()
+    scaler.scale(overflowing(loss) if poison else loss).backward()
+
+
+def test_shadow_steps_on_unscaled_gradients_and_skips_with_the_real_step():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    probe = UpdateFidelity(optimizer)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**12)
+    inputs = torch.randn(8, 4)
+    for poison in (True, False):  # an overflowing first step, then a good one
+        _scaled_backward(model, scaler, inputs, poison)
+        stepped = unscale_and_check(scaler, optimizer)
+        grads = [p.grad.clone() for p in model.parameters()]
+        probe.before_step(skip=not stepped)
+        scaler.step(optimizer)
+        probe.after_step()
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        assert stepped is not poison
+    assert probe.cosines[0] is None and probe.rel_errors[0] is None  # the skipped step has no reading
+    assert probe.cosines[1] == pytest.approx(1.0, abs=1e-6) and probe.rel_errors[1] == pytest.approx(0.0, abs=1e-5)
+    # the shadow's first moment after its one step is (1 - beta1) x the *unscaled* gradient, finite
+    moments = [probe.shadow.state[p]["exp_avg"] for p in probe._shadow_params]
+    for moment, grad in zip(moments, grads, strict=True):
+        assert torch.allclose(moment, 0.1 * grad, atol=1e-7)
+    assert all(int(probe.shadow.state[p]["step"]) == 1 for p in probe._shadow_params)
 
 
 def test_trial_records_the_peak_split(fidelity_records):

@@ -1,10 +1,15 @@
-"""Probes: each storage counted once, wrapper subclasses through their inner tensors, peaks, stats."""
+"""Probes: each storage counted once, wrapper subclasses through their inner tensors, peaks (paused work and
+memory outside torch's allocator), stats, the bandwidth probe, step intervals and the injected slowdown."""
+
+from types import SimpleNamespace
 
 import pytest
 import torch
 from torch.utils._pytree import tree_map
 
-from optbench import measure
+from optbench import measure, timing
+from optbench.results import Record
+from optbench.timing import STEP_MARKS
 
 
 class Quantized(torch.Tensor):
@@ -74,17 +79,6 @@ def test_cuda_peaks_are_none_off_cuda():
     assert measure.cuda_peaks(torch.device("cpu")) == (None, None)
 
 
-@pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_cuda_peak_allocated_sees_a_tensor():
-    device = torch.device("cuda")
-    measure.reset_peaks(device)
-    block = torch.ones(2**20, device=device)
-    allocated, reserved = measure.cuda_peaks(device)
-    assert allocated >= 4 * 2**20 and reserved >= allocated
-    del block
-
-
 def test_step_timer_on_cpu_reads_intervals_between_marks():
     timer = measure.StepTimer(torch.device("cpu"))
     timer.mark("a")
@@ -94,8 +88,56 @@ def test_step_timer_on_cpu_reads_intervals_between_marks():
     assert timer.seconds("a", "b") > 0 and timer.seconds("a", "c") >= timer.seconds("a", "b")
 
 
-def test_copy_bandwidth_is_a_positive_rate():
-    assert measure.copy_bandwidth_bytes_per_s(torch.device("cpu"), nbytes=8 * 2**20, repeats=2) > 1e8
+def test_step_seconds_adds_the_three_timed_intervals_and_leaves_the_gaps_out():
+    timer = measure.StepTimer(torch.device("cpu"))
+    timer.marks = dict(zip(STEP_MARKS, [0.0, 2.0, 7.0, 8.5, 20.0, 20.5], strict=True))  # gaps: probes, RSS
+    assert timer.step_seconds() == (2.0 + 1.5 + 0.5, 1.5)
+
+
+def test_triad_bandwidth_on_cpu_is_one_rate_per_pass(monkeypatch):
+    monkeypatch.setattr(measure, "last_level_cache_bytes", lambda: 2 * 2**20)  # 4 MiB operands: quick
+    rates = measure.triad_bandwidth_samples(torch.device("cpu"), samples=3)
+    assert len(rates) == 3 and min(rates) > 1e8  # any memory system moves more than 100 MB/s
+
+
+def test_cuda_bandwidth_buffer_is_large_but_never_the_trials_oom():
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert measure.bandwidth_buffer_bytes(cuda) == 512 * 2**20  # events time a pass of this well
+    assert measure.bandwidth_buffer_bytes(cuda, room_bytes=80 * 2**30) == 512 * 2**20
+    assert measure.bandwidth_buffer_bytes(cuda, room_bytes=400 * 2**20) == 100 * 2**20  # under a --max-memory cap
+    assert measure.bandwidth_buffer_bytes(cpu, room_bytes=1) == 2 * measure.last_level_cache_bytes()
+
+
+class _FakeDevice:
+    """A device whose step only queues work: `step()` returns at once and the work ends `work_s` later; only a
+    synchronize moves the host clock past the queued work (what CUDA does to a host timer)."""
+
+    def __init__(self):
+        self.now = self.busy_until = 0.0
+        self.synced: list[object] = []
+
+    def queue(self, work_s):
+        self.busy_until = max(self.now, self.busy_until) + work_s
+
+    def synchronize(self, device):
+        self.synced.append(device)
+        self.now = max(self.now, self.busy_until)
+
+
+def test_injected_slowdown_is_proportional_to_the_steps_device_time(monkeypatch):
+    device, slept = _FakeDevice(), []
+    monkeypatch.setattr(timing, "synchronize", device.synchronize)
+    monkeypatch.setattr(timing, "time", SimpleNamespace(perf_counter=lambda: device.now, sleep=slept.append))
+    monkeypatch.setenv(measure.SLOWDOWN_ENV, "0.5")
+    param = torch.nn.Parameter(torch.ones(2))
+    optimizer = torch.optim.SGD([param], lr=0.1)
+    for work_s in (0.2, 0.8):
+        optimizer.step = lambda work_s=work_s: device.queue(work_s)  # a launch-only step
+        measure.slow_down_if_asked(optimizer)
+        device.queue(3.0)  # backward work still queued when step() is called: not the step's
+        optimizer.step()
+    assert slept == [pytest.approx(0.1), pytest.approx(0.4)]  # 0.5 x each step's device time, not its launch (0)
+    assert device.synced == [param.device] * 4  # before and after each step, on the parameters' device
 
 
 def test_slowdown_knob_is_off_unless_set_and_slows_step_when_set(monkeypatch):
@@ -107,8 +149,54 @@ def test_slowdown_knob_is_off_unless_set_and_slows_step_when_set(monkeypatch):
     assert optimizer.step == original  # untouched: no cost in real runs
     monkeypatch.setenv(measure.SLOWDOWN_ENV, "1.0")
     slept = []
-    monkeypatch.setattr(measure.time, "sleep", slept.append)
+    monkeypatch.setattr(timing.time, "sleep", slept.append)
     measure.slow_down_if_asked(optimizer)
     param.grad = torch.ones(4)
     optimizer.step()
     assert len(slept) == 1 and slept[0] > 0 and torch.allclose(param.detach(), torch.full((4,), 0.9))
+
+
+@pytest.mark.skipif(measure.peak_rss_bytes() is None or not measure.reset_peak_rss(),
+                    reason="VmHWM cannot be read or reset here (/proc/self/status, /proc/self/clear_refs)")
+def test_work_inside_a_pause_is_not_the_windows_peak():
+    """What `--eval-every` evaluations and the resume check's checkpoint run under: an LM evaluation's fp32 logits
+    can outgrow training, and must not be reported as the training peak."""
+    window = measure.MemoryWindow(torch.device("cpu"))
+    kept = torch.ones(16 * 2**20 // 4)  # 16 MiB of "training"
+    with window.paused():
+        evaluation = torch.ones(192 * 2**20 // 4)  # 192 MiB, freed before the pause ends
+        del evaluation
+    record = Record()
+    window.fill(record)
+    assert 12 * 2**20 < record.peak_rss_growth_bytes < 100 * 2**20
+    del kept
+
+
+def test_device_used_memory_is_sampled_over_the_window_without_what_pauses_cached(monkeypatch):
+    """Paged optimizer state (cudaMallocManaged) is invisible to torch's allocator: the window follows the
+    driver's used-memory count instead. A fake driver count stands in for torch.cuda.mem_get_info here."""
+    readings = iter([1000,  # the window opens
+                     1600,  # after step 0: grads, paged state
+                     1600, 1900,  # a pause: sampled before, then 300 left cached by the evaluation
+                     2000,  # after step 1: 100 more of training
+                     2000])  # fill's last reading
+    monkeypatch.setattr(measure, "device_used_bytes", lambda device: next(readings))
+    window = measure.MemoryWindow(torch.device("cpu"))
+    window.sample_device_used()
+    with window.paused():
+        pass
+    window.sample_device_used()
+    record = Record()
+    window.fill(record)
+    assert record.peak_device_used_growth_bytes == 2000 - 300 - 1000
+    assert next(readings, None) is None  # every reading the window was expected to take, and no more
+
+
+def test_device_used_bytes_and_paged_state_off_cuda():
+    assert measure.device_used_bytes(torch.device("cpu")) is None
+    paged = torch.zeros(1000)
+    paged.is_paged = True  # bitsandbytes marks its cudaMallocManaged buffers so (functional.get_paged)
+    shared_qmap = torch.zeros(256)
+    state = {0: {"state1": paged, "qmap1": shared_qmap}, 1: {"state1": torch.zeros(10), "qmap1": shared_qmap}}
+    assert measure.paged_state_bytes(_FakeOptimizer(state)) == 4000
+    assert measure.paged_state_bytes(_FakeOptimizer({0: {"exp_avg": torch.zeros(8)}})) == 0

@@ -1,7 +1,11 @@
-"""The nightly GPU workflow: thin around `optbench nightly`, pinned, and wired so a red night fails and keeps
-the baseline. (actionlint and zizmor lint it in .ci/run; these tests pin down what the lints cannot know.)"""
+"""The nightly GPU workflow: thin around `optbench nightly`, pinned, installed without touching the runner's CUDA
+torch, and wired so a red night fails and keeps the baseline. actionlint and zizmor lint it (here and in .ci/run);
+the other tests pin down what the lints cannot know."""
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -57,11 +61,40 @@ def test_the_night_is_one_command(job):
     runs = [step["run"] for step in job["steps"] if "run" in step]
     assert len(runs) == 2 and "pip install" in runs[0]
     night = runs[1]
-    assert night.startswith("python -m optbench nightly") and "--device cuda" in night and "--preset nightly" in night
+    assert night.startswith('"$VENV/bin/python" -m optbench nightly')  # the install step's environment
+    assert "--device cuda" in night and "--preset nightly" in night
     assert '--baseline "$BASELINE_DIR"' in night
     assert "--accept" not in night.replace('"$ACCEPT"', "")  # only when asked for by hand (workflow_dispatch)
     (night_step,) = [step for step in job["steps"] if step.get("run") == night]
     assert "if" not in night_step and "continue-on-error" not in night_step  # a red night fails the job
+
+
+def test_install_goes_into_a_venv_that_keeps_the_runners_cuda_torch(workflow, job):
+    """A Debian/Ubuntu system Python refuses pip installs (PEP 668), and an unconstrained `pip install` may swap
+    the runner's CUDA torch for another build: a venv over the system site-packages, pip pinned to the torch
+    that is there."""
+    install = next(step["run"] for step in job["steps"] if "pip install" in step.get("run", ""))
+    lines = install.splitlines()
+    assert lines[0] == 'python3 -m venv --system-site-packages "$VENV"' and workflow["env"]["VENV"]
+    assert "torch.cuda.is_available()" in install and "f'torch=={torch.__version__}'" in install
+    (pip,) = [line for line in lines if "pip install" in line]
+    assert pip.startswith('"$VENV/bin/python" -m pip install --constraint ') and "torch-constraint.txt" in pip
+
+
+def _tool(name: str) -> str:
+    path = Path(sys.executable).parent / name  # the dev extra installs both next to this Python
+    if not path.exists():
+        pytest.skip(f"{name} is not installed next to {sys.executable} (pip install -e '.[dev]')")
+    return str(path)
+
+
+@pytest.mark.parametrize("argv", [["actionlint"], ["zizmor", "--offline", ".github/workflows"]])
+def test_the_workflow_lints_clean(argv):
+    """actionlint: syntax, expressions, runner labels (.github/actionlint.yaml); zizmor: pinning, credentials,
+    template injection. Any finding fails."""
+    result = subprocess.run([_tool(argv[0]), *argv[1:]], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "NO_COLOR": "1"})
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_baseline_restored_before_and_saved_only_after_a_clean_night(job, workflow):

@@ -86,27 +86,28 @@ class EngineResult:
 
 
 class StepLog:
-    """What a loop records after each step, the same in every engine: the loss curve, the first step apart,
-    the step and optimizer-step samples after warm-up, divergence, and the `--eval-every` curve (evaluated
-    between steps, on the fixed subset, against training seconds so far, outside the memory window's peak:
-    see `MemoryWindow.paused`)."""
+    """What a loop records after each step, the same in every engine: the loss curve, the step and optimizer-step
+    samples sorted by `timing.StepSamples` (warm-up out, the first step that stepped apart, a step an fp16 loss
+    scaler skipped listed in `record.skipped_steps` and kept out of the medians), divergence, the `--eval-every`
+    curve (evaluated between steps, on the fixed subset, against training seconds so far, outside the memory
+    window's peak: see `MemoryWindow.paused`) and the setup's `after_step` hook (the resume check's save)."""
 
     def __init__(self, s: Setup, record: Record, memory: MemoryWindow | None = None) -> None:
+        from optbench.timing import StepSamples
+
         self.s, self.record, self.memory = s, record, memory
         self.curve_split = s.curve_split if s.spec.eval_every else None
-        self.step_times: list[float] = []
-        self.optimizer_times: list[float] = []
+        self.samples = StepSamples(s.spec.warmup_steps)
+        self.step_times, self.optimizer_times = self.samples.step_times, self.samples.optimizer_times
         self.trained_s = 0.0
 
-    def after_step(self, step: int, step_s: float, optimizer_s: float, loss_value: float) -> None:
+    def after_step(self, step: int, step_s: float, optimizer_s: float, loss_value: float,
+                   stepped: bool = True) -> None:
         spec, record = self.s.spec, self.record
         self.trained_s += step_s
         record.loss_curve.append(loss_value)
-        if step == 0:
-            record.first_step_s = step_s
-        elif step >= spec.warmup_steps:
-            self.step_times.append(step_s)
-            self.optimizer_times.append(optimizer_s)
+        self.samples.add(step, step_s, optimizer_s, stepped)
+        self.samples.fill(record)
         if not math.isfinite(loss_value):
             raise Diverged(f"loss became {loss_value} at step {step}")
         if self.curve_split is not None and (step + 1) % spec.eval_every == 0:

@@ -2,9 +2,15 @@
 
 The registry's optimizer and the trial's warm-up schedule go in as `optimizers=(optimizer, scheduler)`,
 the training split as a map-style dataset, the workload's loss through `compute_loss`; `OptbenchCallback`
-does the timing and the memory window. Trainer's own extras are off (no saving, reporting, evaluation,
-gradient clipping, NaN filtering of the logged loss) so the job is the native engine's: the differences
-left are Trainer's own (its shuffling order, its per-step bookkeeping), which is what this engine shows.
+does the timing (the native engine's intervals: see integrations/callback.py) and the memory window. Trainer's
+own extras are off (no saving, reporting, evaluation, gradient clipping, NaN filtering of the logged loss) so the
+job is the native engine's: the differences left are Trainer's own (its shuffling order, its per-step
+bookkeeping — transformers 5 computes the gradient norm every step for its logs, inside the forward/backward
+interval), which is what this engine shows.
+
+Device: outside a distributed launch Trainer picks `cuda:0` and, with more than one GPU visible, wraps the model
+in `nn.DataParallel` (TrainingArguments._setup_devices sets `_n_gpu` to the GPU count). `pin_device` gives it the
+trial's one GPU instead, so a trial never spreads over GPUs it was not given.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import TrainerCallback
 
+from optbench import measure
 from optbench.engines.base import EngineResult
 from optbench.engines.native import warm_up
 
@@ -57,7 +64,7 @@ def training_arguments(s: Setup, output_dir: str):
     from transformers import TrainingArguments
 
     spec = s.spec
-    return TrainingArguments(
+    args = TrainingArguments(
         output_dir=output_dir, max_steps=spec.steps, per_device_train_batch_size=spec.batch_size,
         seed=spec.seed, data_seed=spec.seed, use_cpu=s.device.type == "cpu",
         bf16=spec.precision == "bf16-autocast", fp16=spec.precision == "fp16-autocast",
@@ -67,6 +74,20 @@ def training_arguments(s: Setup, output_dir: str):
         eval_strategy="no", save_strategy="no", report_to=[], disable_tqdm=not sys.stderr.isatty(),
         dataloader_num_workers=0, remove_unused_columns=False,
     )
+    return pin_device(args, s.device)
+
+
+def pin_device(args, device: torch.device):
+    """Make `args` (TrainingArguments, whose device is already set up) train on `device` alone: its cached
+    `_setup_devices` (transformers 5: a functools.cached_property, read through `args.device`) becomes `device`,
+    that GPU becomes the current one (Trainer's Accelerator places everything on the current GPU), and `_n_gpu`
+    is 1, so Trainer never wraps the model in DataParallel. A CPU trial keeps Trainer's own choice (no GPU)."""
+    if device.type != "cuda":
+        return args
+    args.__dict__["_setup_devices"] = device
+    torch.cuda.set_device(device)
+    args._n_gpu = 1
+    return args
 
 
 def train(s: Setup, record: Record) -> EngineResult:
@@ -91,5 +112,6 @@ def train(s: Setup, record: Record) -> EngineResult:
         trainer.train()
     if callback.diverged_at is not None:
         raise Diverged(f"loss became non-finite at step {callback.diverged_at}")
+    record.paged_state_bytes = measure.paged_state_bytes(s.optimizer)
     return EngineResult(memory=callback.memory, step_times=callback.step_times,
                         optimizer_times=callback.optimizer_times)

@@ -12,10 +12,14 @@ activations and the first-use cost of the kernels (optbench's trial runs one unt
 before opening its window to keep that last part out; a user's run has no such pass, so its growth
 reads a little higher than the trial's for the same job).
 
-Timing on CUDA synchronizes at `on_step_begin`, around `optimizer.step()` and at `on_step_end`: the
-device work of a step is then inside its interval, at the cost of a host wait per boundary (tens of
-microseconds each, plus the lost overlap between one step's tail and the next step's launch; about 1 %
-on steps of tens of milliseconds, more on very short steps). Off CUDA nothing is synchronized.
+Timing is optbench's native engine's (optbench/timing.py): the step's marks are CUDA events on the device's
+stream (perf_counter off CUDA) at `on_step_begin`, `on_pre_optimizer_step`, `on_optimizer_step` and
+`on_step_end`, read once the step has ended, so nothing is synchronized between a step's parts. Trainer copies
+each batch to the device before `on_step_begin`, so the copy is outside the step as in the native loop. Under
+fp16 the GradScaler's unscale and inf/NaN check run at `on_pre_optimizer_step`, before the optimizer-step mark
+(a no-op when gradient clipping already unscaled): `optimizer.step()` is then timed without them, and a step
+the scaler skips is recorded in `skipped_steps`, out of the medians and of `first_step_s`. After each step the
+device's used memory is sampled (MemoryWindow.sample_device_used), outside the timed intervals.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from optbench.results import Record
+from optbench.timing import StepSamples, StepTimer
 
 
 class OptbenchCallback(TrainerCallback):
@@ -47,19 +52,15 @@ class OptbenchCallback(TrainerCallback):
         self.record = record if record is not None else Record(optimizer=optimizer_name, engine="trainer",
                                                                **settings)
         self.memory = None  # measure.MemoryWindow, opened at train begin
-        self.step_times: list[float] = []
-        self.optimizer_times: list[float] = []
+        self.samples = StepSamples(warmup_steps)
+        self.step_times, self.optimizer_times = self.samples.step_times, self.samples.optimizer_times
         self.diverged_at: int | None = None
         self.trained_s = 0.0  # every step's time, warm-up included (the x-axis of an eval curve)
-        self._marks: dict[str, float] = {}
+        self._timer = None  # timing.StepTimer of the step in progress
+        self._stepped = True  # whether the step in progress really ran optimizer.step()
         self._started = 0.0
 
     # -- timing ---------------------------------------------------------------------------------------
-    def _now(self, args) -> float:
-        from optbench.measure import clock
-
-        return clock(args.device)
-
     def on_train_begin(self, args, state, control, **kwargs):
         from optbench.measure import MemoryWindow
 
@@ -67,25 +68,30 @@ class OptbenchCallback(TrainerCallback):
         self._started = time.perf_counter()
 
     def on_step_begin(self, args, state, control, **kwargs):
-        self._marks = {"start": self._now(args)}
+        self._timer = StepTimer(args.device)
+        self._timer.mark("start")
 
-    def on_pre_optimizer_step(self, args, state, control, **kwargs):
-        self._marks["step"] = self._now(args)
+    def on_pre_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
+        from optbench.precision import wrapped_step_will_run
+
+        self._stepped = wrapped_step_will_run(optimizer)  # fp16: unscale and check outside optimizer.step()'s time
+        self._timer.mark("backward")
+        self._timer.mark("step")
 
     def on_optimizer_step(self, args, state, control, **kwargs):
-        self._marks["stepped"] = self._now(args)
+        self._timer.mark("stepped")
+        self._timer.mark("zero")  # Trainer's schedule and zero_grad come next
 
     def on_step_end(self, args, state, control, **kwargs):
-        marks = self._marks
-        step_s = self._now(args) - marks["start"]
-        step = state.global_step - 1  # Trainer counts the step just finished
+        self._timer.mark("end")
+        step_s, optimizer_s = self._timer.step_seconds()
+        if self.memory is not None:
+            self.memory.sample_device_used()
         self.trained_s += step_s
-        if step == 0:
-            self.record.first_step_s = step_s
-        elif step >= self.warmup_steps:
-            self.step_times.append(step_s)
-            if "step" in marks and "stepped" in marks:
-                self.optimizer_times.append(marks["stepped"] - marks["step"])
+        # Trainer counts the step just finished
+        self.samples.add(state.global_step - 1, step_s, optimizer_s, self._stepped)
+        self.samples.fill(self.record)
+        self._stepped = True
 
     # -- quality --------------------------------------------------------------------------------------
     def on_log(self, args, state, control, logs=None, **kwargs):
@@ -126,7 +132,7 @@ class OptbenchCallback(TrainerCallback):
         record.batch_size = args.per_device_train_batch_size * max(1, args.gradient_accumulation_steps)
         record.lr, record.seed = args.learning_rate, args.seed
         record.wall_s = time.perf_counter() - self._started
-        record.env = environment()
+        record.env = environment(args.device)
         if model is not None:
             params = [p for p in model.parameters() if p.requires_grad]
             record.model = record.model or getattr(getattr(model, "config", None), "_name_or_path", "") or ""
@@ -143,6 +149,7 @@ class OptbenchCallback(TrainerCallback):
             record.state_bytes, record.state_bytes_by_key = measure.optimizer_state_bytes(optimizer)
             if record.num_params:
                 record.state_bytes_per_param = record.state_bytes / record.num_params
+            record.paged_state_bytes = measure.paged_state_bytes(optimizer)
         if self.memory is not None:
             self.memory.fill(record)
             split_peak_memory(record)

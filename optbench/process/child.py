@@ -36,7 +36,8 @@ POLL_S = 0.5  # the watchdog's polling interval where pidfds are not available
 # What each rank reports (read from its own record after the trial): the per-rank view of the report.
 RANK_FIELDS = ("status", "error", "state_bytes", "state_bytes_by_key", "peak_rss_bytes", "peak_rss_growth_bytes",
                "peak_cuda_allocated_bytes", "peak_cuda_reserved_bytes", "first_step_s", "step_time_median_s",
-               "optimizer_step_median_s", "train_loss_final", "eval_accuracy")
+               "optimizer_step_median_s", "train_loss_final", "eval_accuracy", "skipped_steps", "paged_state_bytes",
+               "peak_device_used_growth_bytes")
 
 
 def preload(modules: Iterable[str]) -> None:

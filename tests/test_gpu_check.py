@@ -1,0 +1,101 @@
+"""scripts/gpu-check on a machine without a GPU: one line and exit 2; its plan and its exit status through its dry
+run; and the checks it makes on the records (scripts/gpu_check_records.py) on records built here."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from optbench.results import Record
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "gpu-check"
+
+
+def gpu_check(path_first: Path, **env: str) -> subprocess.CompletedProcess:
+    """The script with `path_first` (a folder holding a `python`) first on PATH."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("GPU_CHECK_")}
+    return subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          env={**clean, "PATH": f"{path_first}{os.pathsep}{os.environ['PATH']}", **env})
+
+
+def _assert_one_line_exit_2(result: subprocess.CompletedProcess) -> str:
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2, result.stderr
+    assert len(lines) == 1 and lines[0].startswith("gpu-check: no CUDA device"), result.stderr
+    assert "Traceback" not in result.stderr and result.stdout == ""
+    return lines[0]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: gpu-check would really run")
+def test_without_cuda_it_says_so_in_one_line_and_exits_2():
+    line = _assert_one_line_exit_2(gpu_check(Path(sys.executable).parent))
+    assert f"torch {torch.__version__} sees none" in line
+
+
+def test_without_torch_it_says_so_in_one_line_and_exits_2(tmp_path):
+    (tmp_path / "python").write_text("#!/bin/sh\nexec python3 -I -S \"$@\"\n")  # no site-packages: no torch
+    (tmp_path / "python").chmod(0o755)
+    line = _assert_one_line_exit_2(gpu_check(tmp_path))
+    assert "torch cannot be imported" in line
+
+
+def test_the_plan_covers_every_check_the_cuda_path_needs(tmp_path):
+    result = gpu_check(Path(sys.executable).parent, GPU_CHECK_DRY_RUN="1", GPU_CHECK_OUT=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    steps = dict(line.split(": ", 1) for line in result.stdout.splitlines())
+    assert "--system-site-packages" in steps["install"] and "torch==<installed>" in steps["install"]
+    assert steps["cuda-tests"].endswith("-m pytest -q -m cuda tests -p no:cacheprovider")
+    for flags in ("--optimizers all", "--preset smoke", "--device cuda", "--resume-check"):
+        assert flags in steps["smoke-all"]
+    assert "--precision fp16-autocast --fidelity" in steps["fp16"] and "bf16-autocast" in steps["bf16"]
+    assert "--max-memory 64MiB" in steps["max-memory"] and "gpu_check_records.py" in steps["checks"]
+    assert ("predictor" in steps) == (ROOT / "optbench" / "predict.py").exists()
+    assert steps["report"].endswith("--format html") and str(tmp_path) in steps["report"]
+    assert "ddp" not in steps and "ddp: skipped, 1 GPU visible" in result.stderr  # --nproc 2 needs two GPUs
+    two = gpu_check(Path(sys.executable).parent, GPU_CHECK_DRY_RUN="1", GPU_CHECK_OUT=str(tmp_path),
+                    GPU_CHECK_DRY_RUN_GPUS="2")
+    assert "--parallel ddp --nproc 2" in dict(line.split(": ", 1) for line in two.stdout.splitlines())["ddp"]
+
+
+def test_a_failed_step_makes_it_exit_1_after_running_the_rest(tmp_path):
+    result = gpu_check(Path(sys.executable).parent, GPU_CHECK_DRY_RUN="fail:smoke-all", GPU_CHECK_OUT=str(tmp_path))
+    assert result.returncode == 1
+    assert "1 step(s) failed" in result.stderr and "smoke-all (exit 1" in result.stderr
+    assert result.stdout.splitlines()[-1].startswith("report: ")  # the steps after it still ran
+
+
+def _checks():
+    spec = importlib.util.spec_from_file_location("gpu_check_records", ROOT / "scripts" / "gpu_check_records.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _paged(**fields) -> Record:
+    return Record(optimizer="paged_adamw8bit", status="ok", paged=True, **fields)
+
+
+def test_the_record_checks_pass_a_good_run_and_name_each_problem():
+    checks = _checks()
+    good = {"smoke-all": [Record(optimizer="adamw", status="ok"),
+                          _paged(paged_state_bytes=300, peak_cuda_allocated_bytes=1000, peak_memory_bytes=1300)],
+            "max-memory": [Record(optimizer="adamw", status="oom")]}
+    assert checks.problems(good) == []
+    bad = {"smoke-all": [Record(optimizer="muon", status="error", error="boom"),
+                         _paged(paged_state_bytes=0),
+                         _paged(paged_state_bytes=300, peak_cuda_allocated_bytes=1000, peak_memory_bytes=1000)],
+           "max-memory": [Record(optimizer="adamw", status="ok")]}
+    found = checks.problems(bad)
+    assert len(found) == 4, found
+    assert found[0].startswith("smoke-all: muon seed 0 ended error: boom")
+    assert "no paged state counted" in found[1] and "leaves out its paged state" in found[2]
+    assert found[3] == "max-memory: adamw ended ok, not oom"
+    assert checks.problems({}) == ["smoke-all: no paged entry ran ok (bitsandbytes with CUDA support installed?)",
+                                   "max-memory: no record"]
