@@ -193,6 +193,14 @@ def add_optimizer_arguments(parser: argparse.ArgumentParser, preset_default: str
                              "worse or inconclusive against it")
 
 
+def _add_peak_arguments(parser: argparse.ArgumentParser) -> None:
+    """With a batch size and sequence length, estimate and recommend predict the peak (optbench.predict)."""
+    parser.add_argument("--batch-size", type=positive_int, help="with --seq-len and --model: predict the peak")
+    parser.add_argument("--seq-len", type=positive_int, help="with --batch-size and --model: predict the peak")
+    parser.add_argument("--device-kind", choices=["cuda", "cpu"], default="cuda",
+                        help="what the peak is predicted for: CUDA allocated memory or CPU training memory")
+
+
 def add_threshold_arguments(parser: argparse.ArgumentParser) -> None:
     """compare's and nightly's thresholds; unset: the device's calibrated values (docs/benchmarks.md)."""
     parser.add_argument("--max-slowdown", type=threshold, metavar="PCT",
@@ -309,6 +317,7 @@ def _add_memory_parsers(commands) -> None:
     estimate.add_argument("--gpu-memory", type=memory_size, help="memory per GPU, e.g. 80GiB: what fits")
     estimate.add_argument("--precision", choices=PRECISIONS, default="fp32",
                           help="training precision: bf16 means 2-byte weights and grads (autocast keeps fp32 ones)")
+    _add_peak_arguments(estimate)
     recommend = commands.add_parser("recommend", help="which optimizers fit a memory budget, best trade-offs first")
     size = recommend.add_mutually_exclusive_group(required=True)
     size.add_argument("--params", type=param_count, help="parameter count: 65783042, 7e9 or 7B")
@@ -318,6 +327,19 @@ def _add_memory_parsers(commands) -> None:
                            help="results file: adds the activation overhead and accuracy measured there")
     recommend.add_argument("--precision", choices=PRECISIONS, default="fp32",
                            help="training precision (bf16: 2-byte weights, grads and state)")
+    _add_peak_arguments(recommend)
+    fit = commands.add_parser("fit", help="the largest batch (or sequence) each optimizer fits in a memory budget: "
+                                          "predicted, then confirmed by short trials; samples/s at that size")
+    fit.add_argument("--memory", type=memory_size, required=True, metavar="SIZE", help="the budget, e.g. 1.5GiB")
+    fit.add_argument("--optimizers", type=name_list, default=list(optimizers.DEFAULT_OPTIMIZERS))
+    fit.add_argument("--grow", choices=["batch", "seq"], default="batch", help="what grows to fill the budget")
+    fit.add_argument("--max-size", type=positive_int, help="the largest batch (or sequence length) to try")
+    fit.add_argument("--out", type=Path, default=Path("results") / "fit.jsonl",
+                     help="the confirming trials' records (resumed); the table and figure go beside it")
+    for flag, kind in (("--workload", str), ("--model", str), ("--batch-size", positive_int),
+                       ("--seq-len", positive_int), ("--device", str)):
+        fit.add_argument(flag, type=kind, help="the job (default: the MiniLM default job on CPU)")
+    fit.add_argument("--precision", choices=PRECISIONS, help="the job's training precision")
     explain = commands.add_parser("explain", help="where an optimizer's state bytes go, parameter by parameter "
                                                   "(no training: the analytic map on a meta-device model)")
     explain.add_argument("optimizer", help="registry name or HF Trainer alias")

@@ -37,6 +37,10 @@ class Recommendation:
 
     @property
     def total_bytes(self) -> int:
+        """The predicted peak with the predictor's safety margin where a batch and sequence length were given;
+        else weights + grads + state and the activation overhead measured in the results."""
+        if self.estimate.predicted_peak_bytes is not None:
+            return self.estimate.safe_bytes()
         return self.estimate.per_gpu_bytes() + (self.activation_bytes or 0)
 
     def point(self) -> tuple[float, float]:
@@ -80,9 +84,12 @@ def quality_of(records: Sequence[Record]) -> Quality:
     return Quality(scored.target_metric, scored.target_mode, _per_seed(same, eval_target))
 
 
-def recommend(size: est.ModelSize, budget_bytes: int, records: Sequence = (),
-              precision: str = "fp32") -> list[Recommendation]:
-    """Every registered optimizer, Pareto front of those that fit first, then other fits, then misfits."""
+def recommend(size: est.ModelSize, budget_bytes: int, records: Sequence = (), precision: str = "fp32",
+              batch_size: int | None = None, seq_len: int | None = None, device_kind: str = "cuda"
+              ) -> list[Recommendation]:
+    """Every registered optimizer, Pareto front of those that fit first, then other fits, then misfits. With a
+    batch size and sequence length (and a model read from its config) memory is the predicted peak plus the
+    predictor's safety margin (optbench.predict), not a sum plus a measured overhead."""
     measured_state = est.measured_bytes_per_param(records) if records else None
     activations = {name: statistics.fmean(seeds.values())
                    for name, seeds in _per_seed(records, lambda r: r.other_peak_bytes).items()}
@@ -91,7 +98,7 @@ def recommend(size: est.ModelSize, budget_bytes: int, records: Sequence = (),
     # An optimizer the results lack gets the largest overhead they measured: a fit should not be a guess.
     fallback_activation = max(activations.values()) if activations else None
     rows = []
-    for estimate in est.estimate(size, measured_state, precision):
+    for estimate in est.estimate(size, measured_state, precision, batch_size, seq_len, device_kind):
         activation = activations.get(estimate.optimizer, fallback_activation)
         own = quality.by_seed.get(estimate.optimizer, {})
         found = stats.paired_verdict(own, reference, quality.mode) if own and estimate.optimizer != \
@@ -121,7 +128,10 @@ def _gib(n_bytes: float) -> str:
 def _reason(row: Recommendation, rows: Sequence[Recommendation], budget_bytes: int) -> str:
     e = row.estimate
     parts = f"weights {_gib(e.weights_bytes)} + grads {_gib(e.grads_bytes)} + state {_gib(e.state_bytes)} ({e.basis})"
-    if row.activation_bytes is not None:
+    if e.predicted_peak_bytes is not None:
+        parts = (f"predicted peak {_gib(e.predicted_peak_bytes)} (of which state {_gib(e.state_bytes)}) "
+                 f"+ {100 * e.margin_fraction:.0f} % margin")
+    elif row.activation_bytes is not None:
         parts += f" + activations {_gib(row.activation_bytes)} (measured)"
     quality = f"{row.metric} {row.quality:.4g}" if row.quality is not None else f"{row.metric} not measured"
     quality += f" ({row.verdict} vs {REFERENCE_OPTIMIZER})" if row.verdict else ""
@@ -143,11 +153,13 @@ def render(rows: Sequence[Recommendation], size: est.ModelSize, budget_bytes: in
     """A header (what was counted), the answer, then one line of reasoning per optimizer."""
     header = [f"{size.num_params:,} trainable parameters ({size.source}), {precision} training, "
               f"budget {_gib(budget_bytes)} per GPU"]
+    if rows and rows[0].estimate.predicted_peak_bytes is not None:
+        header.append(est.band_note(rows[0].estimate))
     if results_name:
         metric = rows[0].metric if rows else "accuracy"
         header.append(f"activations and {metric} measured in {results_name} (valid for that job's batch and "
                       "sequence length)")
-    else:
+    elif not rows or rows[0].estimate.predicted_peak_bytes is None:
         header.append("no --results: activations, temporaries and the CUDA context come on top; quality unknown")
     fitting = [r for r in rows if r.fits]
     if fitting:

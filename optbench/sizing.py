@@ -28,7 +28,8 @@ def estimate_command(args: argparse.Namespace) -> int:
     except estimate.EstimateError as exc:
         raise UsageError(str(exc)) from None
     measured = estimate.measured_bytes_per_param(_load(args.results)) if args.results else None
-    print(estimate.render(estimate.estimate(size, measured, args.precision), size, args.gpus, args.gpu_memory))
+    rows = estimate.estimate(size, measured, args.precision, args.batch_size, args.seq_len, args.device_kind)
+    print(estimate.render(rows, size, args.gpus, args.gpu_memory))
     return EXIT_OK
 
 
@@ -43,7 +44,8 @@ def recommend_command(args: argparse.Namespace) -> int:
     records = _load(args.results) if args.results else []
     if args.results and not records:
         raise UsageError(f"no records in {args.results}")
-    rows = recommend.recommend(size, args.gpu_memory, records, args.precision)
+    rows = recommend.recommend(size, args.gpu_memory, records, args.precision, args.batch_size, args.seq_len,
+                               args.device_kind)
     print(recommend.render(rows, size, args.gpu_memory, args.precision, str(args.results) if args.results else None))
     return EXIT_OK if any(r.fits for r in rows) else EXIT_NOTHING_FITS
 
@@ -76,5 +78,26 @@ def list_command(_: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def fit_command(args: argparse.Namespace) -> int:
+    """Each optimizer at an equal memory budget: its largest batch (or sequence), confirmed by measurement."""
+    import dataclasses
+    import functools
+
+    from optbench import fit, planner
+    from optbench.process import run_sweep
+
+    names = planner.resolve_names(args.optimizers)
+    given = {"workload": args.workload, "model": args.model, "batch_size": args.batch_size, "seq_len": args.seq_len,
+             "device": args.device, "precision": args.precision}
+    job = dataclasses.replace(fit.default_job(), **{k: v for k, v in given.items() if v is not None})
+    if args.model and not args.workload:
+        job = dataclasses.replace(job, workload="custom")
+    result = fit.fit(args.memory, names, args.out, job=job, grow_by=args.grow, max_size=args.max_size,
+                     run=functools.partial(fit.run_probe, sweep=run_sweep))
+    print(fit.render(result))
+    print("wrote " + ", ".join(map(str, fit.save(result, args.out))))
+    return EXIT_OK
+
+
 COMMANDS = {"list": list_command, "estimate": estimate_command, "recommend": recommend_command,
-            "explain": explain_command}
+            "explain": explain_command, "fit": fit_command}

@@ -232,9 +232,11 @@ def run_trial(spec: TrialSpec) -> Record:
 
 def _train_and_measure(spec: TrialSpec, record: Record) -> None:
     from optbench.engines.resume import ResumeCheck
+    from optbench.predict import for_trial
 
     s = setup(spec, record)
     describe_model(record, s.model, s.entry)
+    record.predicted_peak_bytes = for_trial(spec, s.model, s.entry, str(s.device))  # before a step: a prediction
     bandwidth = measure.triad_bandwidth_samples(s.device, BANDWIDTH_SAMPLES)
     check = ResumeCheck(s, record) if spec.resume_check else None
     s.after_step = None if check is None else check.after_step

