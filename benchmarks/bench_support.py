@@ -65,11 +65,11 @@ SIZES: dict[str, BenchSize] = {
     # cores: a 30-step fine-tune instead of 100 steps (accuracy is lower than the run preset's).
     "default": _size("default", step_rounds=5, train_rounds=3, warmup_rounds=1, finetune_steps=30,
                      finetune_warmup_steps=5, eval_size=256, overhead_steps=20, overhead_warmup_steps=4,
-                     overhead_pairs=5, overhead_tolerance=0.03),
+                     overhead_pairs=8, overhead_tolerance=0.03),
     # GPUs: the nightly preset's job (batch 32, seq 64, 400 steps) and enough rounds for stable medians.
     "nightly": _size("nightly", step_rounds=50, train_rounds=30, warmup_rounds=5, finetune_steps=400,
                      finetune_warmup_steps=40, eval_size=1000, overhead_steps=200, overhead_warmup_steps=20,
-                     overhead_pairs=5, overhead_tolerance=0.03),
+                     overhead_pairs=8, overhead_tolerance=0.03),
 }
 
 

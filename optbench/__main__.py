@@ -180,7 +180,7 @@ def _finish(args: argparse.Namespace, out: Path) -> None:
         return
     report_dir = out.with_suffix("")
     try:
-        _, paths = write_report(everything, report_dir, margin=args.margin)
+        _, paths = write_report(everything, report_dir, figures=not args.no_figures, margin=args.margin)
     except OSError as exc:
         raise UsageError(f"cannot write the report into {report_dir}: {exc.strerror or exc}") from None
     print(render_terminal(everything, margin=args.margin), end="")

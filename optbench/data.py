@@ -11,6 +11,7 @@ The embedded task is generated, seeded and offline. It is built to need more tha
 
 from __future__ import annotations
 
+import functools
 import random
 from pathlib import Path
 
@@ -97,8 +98,10 @@ def generate_reviews(size: int, seed: int) -> datasets.Dataset:
     return datasets.Dataset.from_dict({"text": texts, "label": labels}, features=features)
 
 
+@functools.cache
 def embedded_splits() -> tuple[datasets.Dataset, datasets.Dataset]:
-    """Train and eval splits of the embedded task, drawn from disjoint seeds."""
+    """Train and eval splits of the embedded task, drawn from disjoint seeds. Built once per process (the
+    forkserver builds it before forking trials: process/warm.py); datasets are immutable, so sharing is safe."""
     return generate_reviews(TRAIN_SIZE, DATA_SEED), generate_reviews(EVAL_SIZE, DATA_SEED + 1)
 
 

@@ -117,15 +117,20 @@ def reset_peaks(device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
-def release_freed_memory() -> None:
-    """Collect garbage and hand freed heap pages back to the OS (glibc keeps them mapped unless asked),
-    so memory an earlier phase freed does not hide the next phase's RSS growth."""
-    gc.collect()
+def trim_heap() -> None:
+    """Hand freed heap pages back to the OS (glibc keeps them mapped unless asked)."""
     libc_name = ctypes.util.find_library("c")
     if libc_name:
         libc = ctypes.CDLL(libc_name)
         if hasattr(libc, "malloc_trim"):
             libc.malloc_trim(0)
+
+
+def release_freed_memory() -> None:
+    """Collect garbage and trim the heap, so memory an earlier phase freed does not hide the next phase's RSS
+    growth (a memory window's baseline)."""
+    gc.collect()
+    trim_heap()
 
 
 class MemoryWindow:
@@ -304,8 +309,8 @@ def triad_bandwidth_samples(device: torch.device, samples: int = 5) -> list[floa
         a.add_(b, alpha=0.5)
         timer.mark("end")
         times.append(timer.seconds("start", "end"))
-    del a, b
-    release_freed_memory()
+    del a, b  # freed by reference count: no garbage collection needed, only the heap trimmed
+    trim_heap()
     if device.type == "cuda":
         torch.cuda.empty_cache()  # the buffers must not sit in the trial's reserved memory
     return [3 * nbytes / t for t in times if t > 0]

@@ -99,6 +99,13 @@ def eval_target(record: Record) -> float | None:
     return record.eval_accuracy if metric == "accuracy" else None
 
 
+def _matches_analytic(record: Record) -> str | None:
+    """yes / no: the measured state equals the registry's analytic count byte for byte."""
+    if record.state_bytes is None or record.analytic_state_bytes is None:
+        return None
+    return "yes" if record.state_bytes == record.analytic_state_bytes else "no"
+
+
 def _prediction_error_pct(record: Record) -> float | None:
     """predicted / measured peak - 1, in %: how far optbench.predict was off before training."""
     if not record.predicted_peak_bytes or not record.peak_memory_bytes:
@@ -110,6 +117,7 @@ METRICS: tuple[Metric, ...] = (
     Metric("state_mib", "state MiB", "MiB", 1, LOWER, _scaled("state_bytes", 1 / MIB), MEMORY, label="state",
            compact=True),
     Metric("state_bytes_per_param", "state B/param", "B", 3, LOWER, _scaled("state_bytes_per_param", 1)),
+    Metric("state_matches_analytic", "= analytic", "", 0, None, _matches_analytic, aggregate=TEXT),
     Metric("peak_mib", "peak MiB", "MiB", 0, LOWER, _peak_mib),
     Metric("train_mem_mib", "train mem MiB", "MiB", 0, LOWER, _train_mem_mib, MEMORY, label="peak memory",
            compact=True, peak_floor=True),

@@ -184,6 +184,8 @@ def add_optimizer_arguments(parser: argparse.ArgumentParser, preset_default: str
                              "or 'all' for every entry available here")
     parser.add_argument("--seeds", type=int_list, help="comma-separated seeds, e.g. 0,1,2")
     parser.add_argument("--out", type=Path, help="results file (default: results/<preset>.jsonl); resumed if present")
+    parser.add_argument("--no-figures", action="store_true",
+                        help="write the report's tables only, without the PNG figures (a few seconds faster)")
     parser.add_argument("--state-map", action="store_true",
                         help="also write each trial's measured per-parameter state map (CSV) beside the results, "
                              "in <out without .jsonl>/state-maps/")

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import re
-import statistics
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -83,23 +82,140 @@ def harness(key: str) -> str:
     """A figure of the harness-vs-bare check (`pytest benchmarks -k harness --benchmark-json`)."""
     data = json.loads((RESULTS / "harness.json").read_text())
     info = next(b["extra_info"] for b in data["benchmarks"] if b["extra_info"].get("kind") == "harness_overhead")
+    if key == "verdict":
+        return (f"within the {info['tolerance']:.0%} tolerance" if info["conclusive"] and
+                abs(info["harness_to_bare_ratio"] - 1) <= info["tolerance"] else
+                "not published: the check failed or was too noisy to tell")
     return {"ratio": f"{info['harness_to_bare_ratio']:.3f}", "spread": f"{100 * info['bare_run_spread']:.1f} %",
             "pairs": "–".join(f"{r:.3f}" for r in (min(info["pair_ratios"]), max(info["pair_ratios"])))}[key]
 
 
-def median_of(files: tuple[str, ...], column: str, optimizer: str, decimals: int = 1) -> str:
-    frame = trials_frame(_records(files))
-    values = frame[(frame["optimizer"] == optimizer) & (frame["status"] == "ok")][column].dropna()
-    return f"{statistics.median(values):,.{decimals}f}"
+def side_by_side(*files: str) -> str:
+    """The report's side-by-side table (jobs differing only in precision or engine), without its heading."""
+    text = report.render_side_by_side_markdown(summarize(trials_frame(_records(files))))
+    return "\n".join(line for line in text.strip().splitlines() if not line.startswith("###")).strip()
 
 
-TABLES: dict[str, Table] = {}
-VALUES: dict[str, Callable[[], str]] = {}
+def per_rank(*files: str) -> str:
+    from optbench.engines.parallel import per_rank_markdown
+
+    return per_rank_markdown(_records(files)).strip()
+
+
+def errors(*files: str) -> str:
+    """The failed rows' messages, one bullet each (what the library said)."""
+    lines = [f"- {r.optimizer} ({r.status}): {r.error}" for r in _records(files) if r.status != "ok"]
+    return "\n".join(lines) or "(every trial ran)"
+
+
+def spread_pts(file: str) -> str:
+    """Max minus min of the target metric over the seeds, in points."""
+    values = [r.eval_metrics[r.target_metric] for r in _records((file,)) if r.status == "ok"]
+    return f"{100 * (max(values) - min(values)):.1f}"
+
+
+def explain(optimizer: str) -> str:
+    from optbench import statemap
+
+    return "\n" + statemap.explain(optimizer).strip() + "\n"
+
+
+def predictor_band() -> str:
+    from optbench import calibrate
+    from optbench.calibration import load_calibrations
+
+    held = read_records(RESULTS / "predictor" / "held-out.jsonl")
+    table = calibrate.validation_table(held, load_calibrations("cpu"))
+    return calibrate.error_band(table, "cpu").describe()
+
+
+def fit_table() -> str:
+    """The table `optbench fit` wrote beside its records (the growth it shows is not a record field)."""
+    text = (RESULTS / "fit.md").read_text(encoding="utf-8")
+    return "\n".join(line for line in text.splitlines() if line.startswith("|"))
+
+
+def probe(kind: str) -> str:
+    """A figure of scripts/bare_loop_probe.py: a bare loop on other batches against one on the workload's."""
+    data = json.loads((RESULTS / "bare-loop-probe.json").read_text())
+    if kind == "padding":
+        return f"{100 * (1 - data['non_padding_token_share']):.0f} %"
+    return f"{100 * (data['ratio_to_workload'][kind] - 1):+.1f} %"
+
+
+def gate_table() -> str:
+    """compare, at the calibrated CPU thresholds, of the base sweep with a same-commit rerun and with injected
+    optimizer.step() slowdowns: the optimizer step's change, its 95 % interval, and whether it was flagged."""
+    from optbench import compare
+
+    base = read_records(RESULTS / "gate" / "base.jsonl")
+    columns: dict[str, dict[str, str]] = {}
+    for name, title in (("rerun", "same-commit rerun"), ("slow-0.15", "+15 % injected"),
+                        ("slow-0.2", "+20 % injected"), ("slow-0.3", "+30 % injected")):
+        new = read_records(RESULTS / "gate" / f"{name}.jsonl")
+        result = compare.compare(base, new, compare.calibrated_thresholds(base, new))
+        for row in result.rows.itertuples():
+            change = f"{row.opt_step_ms_delta:+.1f} % ({row.opt_step_ms_low:+.1f} … {row.opt_step_ms_high:+.1f})"
+            columns.setdefault(row.optimizer, {})[title] = change + (": **flagged**" if row.regression else ": pass")
+    limit = compare.DEFAULT_THRESHOLDS["cpu"].max_slowdown_pct
+    frame = pd.DataFrame.from_dict(columns, orient="index").rename_axis("optimizer").reset_index()
+    return (frame.to_markdown(index=False) + f"\n\noptimizer-step change and its 95 % interval; the CPU limit is "
+            f"+{limit:g} %: a change is flagged when its whole interval lies beyond it")
+
+
+ALL = ("default.jsonl", "registry.jsonl", "smoke-all.jsonl", "resume-fsdp2.jsonl", "study-smoke.jsonl", "study.jsonl",
+       "schedule/constant.jsonl", "schedule/linear.jsonl", "lm.jsonl", "precision.jsonl", "engines/native.jsonl",
+       "engines/trainer.jsonl", "engines/accelerate.jsonl", "parallel/ddp.jsonl", "parallel/zero1.jsonl",
+       "parallel/fsdp2.jsonl", "gate/base.jsonl", "scaling.jsonl", "fidelity.jsonl")
+DELTA = "accuracy Δ vs adamw (95% CI)"
+TABLES: dict[str, Callable[[], str]] = {
+    "study": lambda: render_table(Table(("study.jsonl",), (
+        "optimizer", "tuned lr", "near-tie band", "eval accuracy", DELTA, "time to target s", "state MiB",
+        "train mem MiB", "step ms"))),
+    "study-smoke": lambda: render_table(Table(("study-smoke.jsonl",), (
+        "optimizer", "tuned lr", "eval accuracy", DELTA, "state MiB"))),
+    "default": lambda: render_table(Table(("default.jsonl",), (
+        "optimizer", "state MiB", "state B/param", "train mem MiB", "held MiB", "held other MiB", "step ms",
+        "opt step ms", "eval accuracy", DELTA, "mem saved % vs adamw", "speed x vs adamw"))),
+    "registry": lambda: render_table(Table(("registry.jsonl",), (
+        "optimizer", "state precision", "state MiB", "state B/param", "fp32 state %", "train mem MiB", "step ms",
+        "opt step ms", "impl", "roofline %", "bandwidth GB/s", "first step s", "eval accuracy"))),
+    "smoke-all": lambda: render_table(Table(("smoke-all.jsonl",), (
+        "optimizer", "state precision", "status", "state MiB", "state B/param", "= analytic", "fp32 state %",
+        "first step s", "opt step ms", "ckpt MiB", "ckpt save s", "ckpt load s", "resume", "resume max Δparam"))),
+    "resume-fsdp2": lambda: render_table(Table(("resume-fsdp2.jsonl",), (
+        "optimizer", "status", "state MiB", "ckpt MiB", "ckpt save s", "ckpt load s", "resume", "resume max Δparam"))),
+    "lm": lambda: render_table(Table(("lm.jsonl",), (
+        "optimizer", "state MiB", "state B/param", "fp32 state %", "eval perplexity",
+        "perplexity Δ vs adamw (95% CI)", "step ms", "opt step ms", "roofline %"))),
+    "precision": lambda: side_by_side("precision.jsonl"),
+    "engines": lambda: side_by_side("engines/native.jsonl", "engines/trainer.jsonl", "engines/accelerate.jsonl"),
+    "parallel": lambda: per_rank("parallel/ddp.jsonl", "parallel/zero1.jsonl", "parallel/fsdp2.jsonl"),
+    "fit": fit_table,
+    "gate": gate_table,
+}
+VALUES: dict[str, Callable[[], str]] = {
+    "commit": lambda: commit(*ALL),
+    "load": lambda: load_range(*ALL),
+    "study.minutes": lambda: sweep_minutes("study.jsonl"),
+    "schedule.constant.spread": lambda: spread_pts("schedule/constant.jsonl"),
+    "schedule.linear.spread": lambda: spread_pts("schedule/linear.jsonl"),
+    "resume-fsdp2.errors": lambda: errors("resume-fsdp2.jsonl"),
+    "explain.adamw8bit_hf": lambda: explain("adamw8bit_hf"),
+    "predictor.band": predictor_band,
+    "harness.ratio": lambda: harness("ratio"),
+    "harness.pairs": lambda: harness("pairs"),
+    "harness.spread": lambda: harness("spread"),
+    "harness.verdict": lambda: harness("verdict"),
+    "probe.padding": lambda: probe("padding"),
+    "probe.random": lambda: probe("random-ids-full-mask"),
+    "probe.unmasked": lambda: probe("workload-ids-full-mask"),
+}
 
 
 def render(kind: str, name: str) -> str:
     if kind == "table":
-        return "\n" + render_table(TABLES[name]) + "\n"
+        return "\n" + TABLES[name]().strip() + "\n"
     return VALUES[name]()
 
 

@@ -58,7 +58,7 @@ def test_the_full_report_is_written_beside_the_results(sweep):
 
 def test_a_rerun_resumes_and_report_tabulates(sweep, tmp_path):
     out, _ = sweep
-    again = optbench("run", *TINY_ARGS, "--out", out)  # resume: everything is already ok
+    again = optbench("run", *TINY_ARGS, "--no-figures", "--out", out)  # resume: everything is already ok
     assert again.returncode == 0, again.stderr
     assert len(out.read_text().splitlines()) == 3
     report = optbench("report", out, "--out-dir", tmp_path)

@@ -203,7 +203,7 @@ def test_corrupt_lines_in_the_middle_are_skipped_with_one_warning_naming_them(tm
 def test_results_folder_missing_is_created(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "new" / "deeper" / "r.jsonl"
-    assert main(["run", *TINY_RUN, "--optimizers", "adafactor", "--out", str(out)]) == 0
+    assert main(["run", *TINY_RUN, "--no-figures", "--optimizers", "adafactor", "--out", str(out)]) == 0
     assert [r.status for r in read_records(out)] == ["ok"]
 
 
@@ -237,7 +237,7 @@ def test_missing_optional_library_is_a_skipped_record_with_the_reason(tmp_path, 
 
     monkeypatch.setattr(OptimizerSpec, "unavailable_reason", no_bitsandbytes)
     out = tmp_path / "r.jsonl"
-    assert main(["run", *TINY_RUN, "--optimizers", "adamw8bit,adafactor", "--out", str(out)]) == 0
+    assert main(["run", *TINY_RUN, "--no-figures", "--optimizers", "adamw8bit,adafactor", "--out", str(out)]) == 0
     by_name = {r.optimizer: r for r in read_records(out)}
     assert by_name["adamw8bit"].status == "skipped" and "pip install bitsandbytes" in by_name["adamw8bit"].error
     assert by_name["adafactor"].status == "ok"

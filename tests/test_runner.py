@@ -129,7 +129,8 @@ def test_parallel_trials_launch_through_torchrun(tmp_path, monkeypatch):
 
 
 def test_a_log_gets_plain_progress_lines_and_no_progress_bar_frames(tmp_path):
-    result = optbench("run", *TINY_ARGS, "--optimizers", "adamw,adafactor", "--out", tmp_path / "r.jsonl")
+    result = optbench("run", *TINY_ARGS, "--no-figures", "--optimizers", "adamw,adafactor", "--out",
+                      tmp_path / "r.jsonl")
     assert result.returncode == 0, result.stderr
     assert "\r" not in result.stderr  # stderr is a pipe here: the trial's tqdm bar stays off
     assert "optbench: [1/2] adamw seed=0 ok in " in result.stderr

@@ -7,8 +7,8 @@ from optbench.__main__ import main
 from optbench.plan import TrialSpec
 from optbench.results import Record, read_records
 
-# Two steps are enough: the state is complete after the first. 1.0 M to 9.6 M parameters.
-WIDTHS = (32, 64, 128, 256)
+# Two steps are enough: the state is complete after the first. 1.0 M to 4.3 M parameters.
+WIDTHS = (32, 64, 128)
 NAMES = [n for n in ("adamw", "adamw8bit", "adafactor") if optimizers.resolve(n).available]
 SCALE = ["run", "--scale", "--optimizers", ",".join(NAMES), "--widths", ",".join(map(str, WIDTHS)), "--steps", "2",
          "--warmup-steps", "1", "--batch-size", "2", "--seq-len", "8", "--eval-size", "4", "--device", "cpu"]

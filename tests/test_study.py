@@ -110,7 +110,8 @@ def test_study_end_to_end_with_run_job_flags(tmp_path, capsys):
     """Real trials: the job flags of `run` reach a study's trials, and each trial is scored on both splits."""
     out = tmp_path / "study.jsonl"
     code = main(["study", "--preset", "smoke", "--workload", "tiny", "--optimizers", "adamw", "--device", "cpu",
-                 "--batch-size", "4", "--seq-len", "16", "--schedule", "cosine", "--margin", "2", "--out", str(out),
+                 "--batch-size", "4", "--seq-len", "16", "--schedule", "cosine", "--margin", "2", "--no-figures",
+                 "--out", str(out),
                  "--seeds", "0,1", "--lr-grid", "1e-2"])  # 2 trials: the tune trial (seed 0) and seed 1's final
     assert code == 0
     records = read_records(out)

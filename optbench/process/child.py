@@ -29,7 +29,7 @@ from typing import Any
 
 # What every trial imports before its first line of work. Importing them must not initialise CUDA:
 # a process forked after CUDA initialisation cannot use CUDA.
-PRELOAD = ("torch", "transformers", "datasets", "optbench.trial", "optbench.workloads")
+PRELOAD = ("torch", "transformers", "datasets", "optbench.trial", "optbench.workloads", "optbench.process.warm")
 SWEEP_PID_ENV = "OPTBENCH_SWEEP_PID"  # the sweep every child and rank watches
 THREADS_ENV = "OPTBENCH_TORCH_THREADS"  # a CPU thread share when trials run side by side (--jobs)
 POLL_S = 0.5  # the watchdog's polling interval where pidfds are not available
