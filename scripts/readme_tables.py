@@ -143,18 +143,66 @@ def probe(kind: str) -> str:
     return f"{100 * (data['ratio_to_workload'][kind] - 1):+.1f} %"
 
 
+def fidelity_table() -> str:
+    frame = trials_frame(_records(("fidelity.jsonl",)))
+    ok = frame[frame["status"] == "ok"]
+    table = pd.DataFrame({"optimizer": ok["optimizer"],
+                          "update cosine (median over steps)": ok["update_cosine_median"].map("{:.4f}".format),
+                          "update rel. error (median)": ok["update_rel_error_median"].map("{:.3f}".format),
+                          "train mem MiB (with the shadow AdamW)": ok["train_mem_mib"].map("{:,.0f}".format)})
+    return table.to_markdown(index=False)
+
+
+def memory_split() -> str:
+    """The peak split of the default job: peak = weights + grads + state + the rest."""
+    frame = trials_frame(_records(("default.jsonl",)))
+    ok = frame[frame["status"] == "ok"]
+    columns = {"peak MiB": "peak_memory_mib", "weights MiB": "weights_mib", "grads MiB": "grads_mib",
+               "state MiB": "state_mib", "other MiB": "other_peak_mib"}
+    table = pd.DataFrame({"optimizer": ok["optimizer"],
+                          **{title: ok[column].map("{:,.1f}".format) for title, column in columns.items()}})
+    return table.to_markdown(index=False)
+
+
+def scaling_tables() -> str:
+    from optbench.scaling import render_scaling_markdown
+
+    text = render_scaling_markdown(_records(("scaling.jsonl",)))
+    return "\n".join(line for line in text.splitlines() if not line.startswith("###")).strip()
+
+
+GATE_RUNS = (("rerun", "same-commit rerun"), ("slow-0.15", "+15 % injected"), ("slow-0.2", "+20 % injected"),
+             ("slow-0.3", "+30 % injected"))
+
+
+def _gate(name: str):
+    from optbench import compare
+
+    base = read_records(RESULTS / "gate" / "base.jsonl")
+    new = read_records(RESULTS / "gate" / f"{name}.jsonl")
+    return compare.compare(base, new, compare.calibrated_thresholds(base, new))
+
+
+def gate_power() -> str:
+    """The smallest injected slowdown that every optimizer's row flags."""
+    flagged = [title for name, title in GATE_RUNS[1:] if all(_gate(name).rows["regression"].astype(bool))]
+    return f"{flagged[0].removesuffix(' injected')}" if flagged else "none of +15, +20 and +30 %"
+
+
+def gate_rerun() -> str:
+    result = _gate("rerun")
+    return ("passes: no row flagged" if not result.regressions
+            else f"FAILS: {len(result.regressions)} row(s) flagged")
+
+
 def gate_table() -> str:
     """compare, at the calibrated CPU thresholds, of the base sweep with a same-commit rerun and with injected
     optimizer.step() slowdowns: the optimizer step's change, its 95 % interval, and whether it was flagged."""
     from optbench import compare
 
-    base = read_records(RESULTS / "gate" / "base.jsonl")
     columns: dict[str, dict[str, str]] = {}
-    for name, title in (("rerun", "same-commit rerun"), ("slow-0.15", "+15 % injected"),
-                        ("slow-0.2", "+20 % injected"), ("slow-0.3", "+30 % injected")):
-        new = read_records(RESULTS / "gate" / f"{name}.jsonl")
-        result = compare.compare(base, new, compare.calibrated_thresholds(base, new))
-        for row in result.rows.itertuples():
+    for name, title in GATE_RUNS:
+        for row in _gate(name).rows.itertuples():
             change = f"{row.opt_step_ms_delta:+.1f} % ({row.opt_step_ms_low:+.1f} … {row.opt_step_ms_high:+.1f})"
             columns.setdefault(row.optimizer, {})[title] = change + (": **flagged**" if row.regression else ": pass")
     limit = compare.DEFAULT_THRESHOLDS["cpu"].max_slowdown_pct
@@ -192,6 +240,9 @@ TABLES: dict[str, Callable[[], str]] = {
     "engines": lambda: side_by_side("engines/native.jsonl", "engines/trainer.jsonl", "engines/accelerate.jsonl"),
     "parallel": lambda: per_rank("parallel/ddp.jsonl", "parallel/zero1.jsonl", "parallel/fsdp2.jsonl"),
     "fit": fit_table,
+    "fidelity": fidelity_table,
+    "memory-split": memory_split,
+    "scaling": scaling_tables,
     "gate": gate_table,
 }
 VALUES: dict[str, Callable[[], str]] = {
@@ -207,6 +258,8 @@ VALUES: dict[str, Callable[[], str]] = {
     "harness.pairs": lambda: harness("pairs"),
     "harness.spread": lambda: harness("spread"),
     "harness.verdict": lambda: harness("verdict"),
+    "gate.mds": gate_power,
+    "gate.rerun": gate_rerun,
     "probe.padding": lambda: probe("padding"),
     "probe.random": lambda: probe("random-ids-full-mask"),
     "probe.unmasked": lambda: probe("workload-ids-full-mask"),

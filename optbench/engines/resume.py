@@ -49,10 +49,22 @@ class ResumeCheck:
     def after_step(self, step: int) -> None:
         if step + 1 != self.mid:
             return
+        self._attempt(self._save)
+
+    def _attempt(self, phase: Any, *args: Any) -> bool:
+        """Run one phase; a failure is the result (its message kept). In a group every rank must take the same
+        path afterwards (the next phase is collective), so the ranks agree: if any failed, all stop."""
         try:
-            self._save()
-        except FAILURES as exc:  # a failed save is the result
-            self.error = _message(exc)
+            phase(*args)
+            failed = None
+        except FAILURES as exc:
+            failed = _message(exc)
+        if _distributed():
+            messages: list[Any] = [None] * torch.distributed.get_world_size()
+            torch.distributed.all_gather_object(messages, failed)
+            failed = next((f"rank {rank}: {m}" for rank, m in enumerate(messages) if m), None)
+        self.error = self.error or failed
+        return failed is None
 
     def _save(self) -> None:
         s = self.s
@@ -71,29 +83,26 @@ class ResumeCheck:
 
     def finish(self, fresh: Setup) -> None:
         """Load into `fresh` (new objects from the same spec), train the second half, compare; fills the record."""
-        record = self.record
-        try:
-            if self.error is None:
-                self._resume(fresh)
-        except FAILURES as exc:  # a failed load or a crash after it is the result
-            self.error = _message(exc)
-        finally:
-            if _distributed():
-                torch.distributed.barrier()  # every rank is done reading before rank 0 removes the folder
-            if self.folder is not None:
-                self.folder.cleanup()
+        if self.error is None and self._attempt(self._load, fresh):
+            self._attempt(self._continue, fresh)
+        if _distributed():
+            torch.distributed.barrier()  # every rank is done reading before rank 0 removes the folder
+        if self.folder is not None:
+            self.folder.cleanup()
         if self.error is not None:
-            record.resume_status = f"error: {self.error}"
+            self.record.resume_status = f"error: {self.error}"
 
-    def _resume(self, fresh: Setup) -> None:
-        from optbench.engines.native import timed_steps
-
+    def _load(self, fresh: Setup) -> None:
         start = time.perf_counter()
         restore(fresh, load_distributed(fresh, self.path) if _distributed() else
                 torch.load(self.path, weights_only=False))
         fresh.entry.after_eval(fresh.optimizer)
         _sync(fresh.device)
         self.record.checkpoint_load_s = time.perf_counter() - start
+
+    def _continue(self, fresh: Setup) -> None:
+        from optbench.engines.native import timed_steps
+
         losses = [loss for *_, loss in timed_steps(fresh, start=self.mid)]
         compare(self.record, _params(self.s.model), _params(fresh.model), self.record.loss_curve[-1], losses[-1])
 

@@ -11,6 +11,7 @@ import contextlib
 import json
 import multiprocessing
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -26,7 +27,7 @@ from optbench.process.child import PRELOAD, SWEEP_PID_ENV
 from optbench.process.devices import cuda_device_count, node_environment, preload_modules, slurm_parameters
 from optbench.results import Record
 
-STDERR_TAIL_BYTES = 4096
+STDERR_TAIL_BYTES = 32768  # torchrun's own summary alone is ~1 KB: the rank's error sits above it
 ECHO_POLL_S = 0.2
 STARTUPS = ("forkserver", "spawn")
 OOM_MARKERS = ("std::bad_alloc", "MemoryError", "Cannot allocate memory", "can't allocate memory",
@@ -60,9 +61,19 @@ def failed_record(spec: TrialSpec, status: str, error: str) -> Record:
     return record
 
 
+# What a dying process says about why: a Python exception, a C++ abort's `what():`, a fatal signal.
+CAUSE = re.compile(r"(\w+(Error|Exception)\b.*|what\(\):.*|Signal \d+ \(\w+\) received.*)$")
+
+
 def _last_lines(tail: bytes, count: int = 3) -> str:
+    """The cause of a crash from the end of a log: in a torchrun group the first cause a rank printed (the root:
+    the other ranks then fail on its absence), else the last line naming one, else the last `count` lines."""
     lines = [line.strip() for line in tail.decode(errors="replace").replace("\r", "\n").splitlines()]
-    return " | ".join([line for line in lines if line][-count:]) or "no output"
+    lines = [line for line in lines if line]
+    ranks = [found.group(1) for line in lines if (line.startswith("[rank") or "what():" in line)
+             and (found := CAUSE.search(re.sub(r"^\[rank\d+\]:\s*", "", line)))]
+    causes = ranks[:1] or [found.group(1) for line in lines if (found := CAUSE.search(line))][-1:]
+    return causes[0][:500] if causes else " | ".join(lines[-count:]) or "no output"
 
 
 def _read_tail(log_path: Path) -> bytes:
