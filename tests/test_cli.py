@@ -8,6 +8,8 @@ import pandas as pd
 import pytest
 from _tiny import TINY_ARGS, optbench
 
+from optbench.__main__ import main
+
 TERMINAL_COLUMNS = 120
 
 
@@ -43,6 +45,13 @@ def test_the_sweep_prints_verdicts_and_a_table_that_fits_a_terminal(sweep):
     (header,) = [line for line in lines if line.startswith("| optimizer")]
     assert "state MiB" in header and "step ms" in header
     assert sum(line.startswith("| adam") or line.startswith("| adafactor") for line in lines) == 3
+
+
+def test_a_log_gets_plain_progress_lines_and_no_progress_bar_frames(sweep):
+    _, result = sweep
+    assert "\r" not in result.stderr  # stderr is a pipe here: the trials' tqdm bars stay off
+    for i, name in enumerate(["adamw", "adafactor", "adamw8bit"], start=1):
+        assert f"optbench: [{i}/3] {name} seed=0 ok in " in result.stderr
 
 
 def test_the_full_report_is_written_beside_the_results(sweep):
@@ -102,12 +111,25 @@ def bad_files(tmp_path):
     (["report", "{tmp}/notes.jsonl"], "not a JSON line"),
     (["frobnicate"], "invalid choice"),
 ])
-def test_bad_input_is_one_line_and_exit_2(bad_files, args, message):
+def test_bad_input_is_one_line_and_exit_2(bad_files, args, message, capfd, monkeypatch):
+    """In this process (fd-level capture, so library prints count); the subprocess test below shows the same
+    holds for `python -m optbench` as a whole."""
     argv = [a.format(tmp=bad_files) for a in args]
     if argv[0] == "run":
         argv += ["--device", "cpu", "--out", str(bad_files / "r.jsonl")]  # about the input, on any machine
-    result = optbench(*argv, cwd=bad_files)
-    assert result.returncode == 2, result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("optbench: error: ") and message in lines[0], result.stderr
-    assert "Traceback" not in result.stderr and not (bad_files / "r.jsonl").exists()
+    monkeypatch.chdir(bad_files)
+    code = main(argv)
+    err = capfd.readouterr().err
+    lines = err.strip().splitlines()
+    assert code == 2, err
+    assert len(lines) == 1 and lines[0].startswith("optbench: error: ") and message in lines[0], err
+    assert not (bad_files / "r.jsonl").exists()
+
+
+@pytest.mark.parametrize("args,message", [(["frobnicate"], "invalid choice"),
+                                          (["run", "--model", "some-org/some-model", "--device", "cpu"],
+                                           "offline default is --workload minilm")])
+def test_bad_input_to_the_command_line_process_has_no_traceback(bad_files, args, message):
+    result = optbench(*args, cwd=bad_files)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.strip().splitlines() == [next(line for line in result.stderr.splitlines() if message in line)]

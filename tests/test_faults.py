@@ -270,3 +270,16 @@ def test_a_writer_killed_mid_line_does_not_corrupt_the_next_append(tmp_path):
     append_record(out, Record(trial_id="b", optimizer="adamw", status="ok"))
     with pytest.warns(UserWarning, match="unreadable line"):
         assert [r.trial_id for r in read_records(out)] == ["b"]
+
+
+@pytest.mark.parametrize("extra,code", [([], 3), (["--allow-errors"], 0)])
+def test_a_trial_that_times_out_makes_run_exit_3_with_one_line_naming_it(tmp_path, capfd, extra, code):
+    """`error` and `timeout` are harness or library failures: a script must be able to tell a broken run from a
+    good one. `--allow-errors` restores exit 0; the record is written either way."""
+    out = tmp_path / "r.jsonl"
+    assert main(["run", *TINY_RUN, "--no-figures", "--optimizers", "adamw", "--timeout", "0.5", "--out", str(out),
+                 *extra]) == code
+    err = [line for line in capfd.readouterr().err.splitlines() if "error/timeout" in line]
+    assert err == ([] if extra else ["optbench: 1 trial(s) ended error/timeout: adamw seed 0 (timeout); see the "
+                                     "results file (--allow-errors: exit 0)"])
+    assert [r.status for r in read_records(out)] == ["timeout"]

@@ -3,11 +3,13 @@ records are read, summarised and rendered with the report's own code)."""
 
 import importlib.util
 import re
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = importlib.util.spec_from_file_location("readme_tables", ROOT / "scripts" / "readme_tables.py")
 readme_tables = importlib.util.module_from_spec(SPEC)
+sys.modules[SPEC.name] = readme_tables  # dataclasses look their module up while the class is built
 SPEC.loader.exec_module(readme_tables)
 
 

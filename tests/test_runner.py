@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from _tiny import TINY, TINY_ARGS, optbench
+from _tiny import TINY
 
 from optbench.plan import TrialSpec, build_grid
 from optbench.process import LocalExecutor, SubmititExecutor, run_sweep
@@ -126,12 +126,3 @@ def test_parallel_trials_launch_through_torchrun(tmp_path, monkeypatch):
     assert launched[0][1:] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                                "-m", "optbench.process.child", "rank", launched[0][-2], launched[0][-1]]
     assert record.status == "error" and "exited with code 1" in record.error
-
-
-def test_a_log_gets_plain_progress_lines_and_no_progress_bar_frames(tmp_path):
-    result = optbench("run", *TINY_ARGS, "--no-figures", "--optimizers", "adamw,adafactor", "--out",
-                      tmp_path / "r.jsonl")
-    assert result.returncode == 0, result.stderr
-    assert "\r" not in result.stderr  # stderr is a pipe here: the trial's tqdm bar stays off
-    assert "optbench: [1/2] adamw seed=0 ok in " in result.stderr
-    assert "optbench: [2/2] adafactor seed=0 ok in " in result.stderr
