@@ -42,6 +42,20 @@ def bare_step_median_s(spec: TrialSpec, device: torch.device) -> float:
     return statistics.median(times[max(1, spec.warmup_steps):])
 
 
+def pair_statistics(bare_s: list[float], harness_s: list[float]) -> tuple[float, float, float, list[float], float]:
+    """(bare median, harness median, median pair ratio, the pair ratios, the bare runs' spread).
+
+    Each pair ran back to back, so its ratio cancels the slow drift of a shared machine's speed (seen here: +10 %
+    over two minutes) that a ratio of overall medians would pick up. The spread is how far the bare runs disagree
+    among themselves (inter-quartile range over the median, robust to one disturbed run): the noise floor this
+    machine had during the check. Above the tolerance the check cannot tell a harness overhead of that size from
+    noise, and the figure is not published (conclusive: False)."""
+    bare = statistics.median(bare_s)
+    pair_ratios = [h / b for b, h in zip(bare_s, harness_s, strict=True)]
+    q1, _, q3 = statistics.quantiles(bare_s, n=4, method="inclusive")
+    return bare, statistics.median(harness_s), statistics.median(pair_ratios), pair_ratios, (q3 - q1) / bare
+
+
 def test_harness_step_time_matches_a_bare_loop(benchmark, bench_size: BenchSize, device):
     spec = trial_spec(bench_size, "adamw", device, steps=bench_size.overhead_steps,
                       warmup_steps=bench_size.overhead_warmup_steps, eval_size=HARNESS_EVAL_SIZE)
@@ -73,16 +87,7 @@ def test_harness_step_time_matches_a_bare_loop(benchmark, bench_size: BenchSize,
         benchmark.pedantic(interleaved, rounds=1, iterations=1)
     finally:
         torch.set_num_threads(threads)
-    bare, harness = statistics.median(bare_s), statistics.median(harness_s)
-    # Each pair ran back to back, so its ratio cancels the slow drift of a shared machine's speed (seen
-    # here: +10 % over two minutes) that a ratio of overall medians would pick up.
-    pair_ratios = [h / b for b, h in zip(bare_s, harness_s, strict=True)]
-    ratio = statistics.median(pair_ratios)
-    # How far the bare runs disagree among themselves (inter-quartile range over the median, robust to one
-    # disturbed run): the noise floor this machine had during the check. Above the tolerance the check cannot
-    # tell a harness overhead of that size from noise, and the figure is not published (conclusive: False).
-    q1, _, q3 = statistics.quantiles(bare_s, n=4, method="inclusive")
-    bare_spread = (q3 - q1) / bare
+    bare, harness, ratio, pair_ratios, bare_spread = pair_statistics(bare_s, harness_s)
     benchmark.extra_info.update(extra_info("harness_overhead", records[-1]))
     benchmark.extra_info.update(bare_step_median_s=bare, harness_step_median_s=harness,
                                 harness_to_bare_ratio=ratio, pair_ratios=pair_ratios, bare_run_medians_s=bare_s,

@@ -1,8 +1,7 @@
 """Learning-rate schedules: a linear warm-up, then one of four shapes to the end of the job.
 
 - `linear` (the default): decay linearly to 0 at the last step, HF Trainer's default. The final weights then
-  carry little of the last steps' noise: on the study's 150-step MiniLM job, three seeds of AdamW spread
-  1.0 point in accuracy with it against 8.8 points at a constant lr.
+  carry little of the last steps' noise (docs/study.md gives the seed spread measured with each schedule).
 - `constant`: the warm-up's peak lr to the end (schema-1 records all ran this way).
 - `cosine`: half a cosine from the peak to 0.
 - `wsd` (warm-up, stable, decay): the peak lr until the last `WSD_DECAY_FRACTION` of the steps, then linear to 0.

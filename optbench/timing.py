@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import time
+import types
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -135,10 +136,14 @@ def slow_down_if_asked(optimizer: torch.optim.Optimizer) -> None:
     params = [p for group in optimizer.param_groups for p in group["params"]]
     device = params[0].device if params else torch.device("cpu")
 
-    def slowed_step(*args, **kwargs):
+    def slowed_step(_optimizer, *args, **kwargs):
         start = clock(device)
         result = step(*args, **kwargs)
         injected_slowdown(clock(device) - start)
         return result
 
-    optimizer.step = slowed_step
+    # A bound method, as `step` was: torch's LR schedulers wrap `optimizer.step.__func__`; one that already
+    # wrapped it still finds its mark (the inner step it wrapped still records that the optimizer stepped).
+    if hasattr(step, "_wrapped_by_lr_sched"):
+        slowed_step._wrapped_by_lr_sched = True
+    optimizer.step = types.MethodType(slowed_step, optimizer)

@@ -74,8 +74,13 @@ def load_range(*files: str) -> str:
 
 
 def commit(*files: str) -> str:
-    commits = {str(r.env.get("git_commit"))[:7] for r in _records(files) if r.env.get("git_commit")}
-    return ", ".join(sorted(commits))
+    """Which commit each results file was measured at: `abc1234` (default, registry), `def5678` (lm, ...)."""
+    stems: dict[str, list[str]] = {}
+    for name in files:
+        shas = (str(r.env["git_commit"])[:7] for r in _records((name,)) if r.env.get("git_commit"))
+        for sha in dict.fromkeys(shas):
+            stems.setdefault(sha, []).append(name.removesuffix(".jsonl"))
+    return "; ".join(f"`{sha}` ({', '.join(names)})" for sha, names in stems.items())
 
 
 def harness(key: str) -> str:
@@ -212,6 +217,7 @@ def gate_table() -> str:
 
 
 ALL = ("default.jsonl", "registry.jsonl", "smoke-all.jsonl", "resume-fsdp2.jsonl", "study-smoke.jsonl", "study.jsonl",
+       "study-150steps.jsonl",
        "schedule/constant.jsonl", "schedule/linear.jsonl", "lm.jsonl", "precision.jsonl", "engines/native.jsonl",
        "engines/trainer.jsonl", "engines/accelerate.jsonl", "parallel/ddp.jsonl", "parallel/zero1.jsonl",
        "parallel/fsdp2.jsonl", "gate/base.jsonl", "scaling.jsonl", "fidelity.jsonl")
@@ -220,6 +226,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "study": lambda: render_table(Table(("study.jsonl",), (
         "optimizer", "tuned lr", "near-tie band", "eval accuracy", DELTA, "time to target s", "state MiB",
         "train mem MiB", "step ms"))),
+    "study-150steps": lambda: render_table(Table(("study-150steps.jsonl",), (
+        "optimizer", "tuned lr", "eval accuracy", DELTA, "state MiB"))),
     "study-smoke": lambda: render_table(Table(("study-smoke.jsonl",), (
         "optimizer", "tuned lr", "eval accuracy", DELTA, "state MiB"))),
     "default": lambda: render_table(Table(("default.jsonl",), (

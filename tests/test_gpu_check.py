@@ -51,7 +51,7 @@ def test_the_plan_covers_every_check_the_cuda_path_needs(tmp_path):
     assert result.returncode == 0, result.stderr
     steps = dict(line.split(": ", 1) for line in result.stdout.splitlines())
     assert "--system-site-packages" in steps["install"] and "torch==<installed>" in steps["install"]
-    assert steps["cuda-tests"].endswith("-m pytest -q -m cuda tests -p no:cacheprovider")
+    assert steps["cuda-tests"].endswith("-m pytest -q -n 0 -m cuda tests -p no:cacheprovider")
     for flags in ("--optimizers all", "--preset smoke", "--device cuda", "--resume-check"):
         assert flags in steps["smoke-all"]
     assert "--precision fp16-autocast --fidelity" in steps["fp16"] and "bf16-autocast" in steps["bf16"]

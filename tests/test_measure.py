@@ -1,6 +1,7 @@
 """Probes: each storage counted once, wrapper subclasses through their inner tensors, peaks (paused work and
 memory outside torch's allocator), stats, the bandwidth probe, step intervals and the injected slowdown."""
 
+import warnings
 from types import SimpleNamespace
 
 import pytest
@@ -200,3 +201,24 @@ def test_device_used_bytes_and_paged_state_off_cuda():
     state = {0: {"state1": paged, "qmap1": shared_qmap}, 1: {"state1": torch.zeros(10), "qmap1": shared_qmap}}
     assert measure.paged_state_bytes(_FakeOptimizer(state)) == 4000
     assert measure.paged_state_bytes(_FakeOptimizer({0: {"exp_avg": torch.zeros(8)}})) == 0
+
+
+def test_a_slowed_optimizer_still_takes_an_lr_schedule_in_either_order(monkeypatch):
+    from optbench.schedules import make_scheduler
+
+    monkeypatch.setenv(measure.SLOWDOWN_ENV, "0.5")
+    slept = []
+    monkeypatch.setattr(timing.time, "sleep", slept.append)
+    for schedule_first in (False, True):  # the trial slows first; a parallel mode's rebuilt optimizer after
+        param = torch.nn.Parameter(torch.ones(4))
+        optimizer = torch.optim.SGD([param], lr=0.1)
+        scheduler = make_scheduler(optimizer, "linear", 4, 1) if schedule_first else None
+        measure.slow_down_if_asked(optimizer)
+        scheduler = scheduler or make_scheduler(optimizer, "linear", 4, 1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # e.g. "lr_scheduler.step() before optimizer.step()"
+            for _ in range(2):
+                param.grad = torch.ones(4)
+                optimizer.step()
+                scheduler.step()
+    assert len(slept) == 4
