@@ -89,10 +89,8 @@ def _parallel(flags: Mapping[str, Any]) -> dict[str, Any]:
     if ":" in str(flags.get("device") or ""):
         raise PlanError(f"--parallel {mode} gives rank i the i-th visible GPU; use --device cuda (and "
                         "CUDA_VISIBLE_DEVICES to choose the GPUs), not a device index")
-    nproc = nproc or 2
-    if nproc < 2:
-        raise PlanError(f"--parallel {mode} needs --nproc 2 or more")
-    return {"engine": "native", "parallel": mode, "nproc": nproc}
+    # --nproc 1 is a one-rank group: the torchrun, collective and checkpoint path on a one-GPU machine.
+    return {"engine": "native", "parallel": mode, "nproc": nproc or 2}
 
 
 def job_settings(flags: Mapping[str, Any], preset: Preset) -> dict[str, Any]:

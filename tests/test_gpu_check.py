@@ -58,7 +58,7 @@ def test_the_plan_covers_every_check_the_cuda_path_needs(tmp_path):
     assert "--max-memory 64MiB" in steps["max-memory"] and "gpu_check_records.py" in steps["checks"]
     assert ("predictor" in steps) == (ROOT / "optbench" / "predict.py").exists()
     assert steps["report"].endswith("--format html") and str(tmp_path) in steps["report"]
-    assert "ddp" not in steps and "ddp: skipped, 1 GPU visible" in result.stderr  # --nproc 2 needs two GPUs
+    assert "--parallel ddp --nproc 1" in steps["ddp"]  # one GPU: a one-rank torchrun group
     two = gpu_check(Path(sys.executable).parent, GPU_CHECK_DRY_RUN="1", GPU_CHECK_OUT=str(tmp_path),
                     GPU_CHECK_DRY_RUN_GPUS="2")
     assert "--parallel ddp --nproc 2" in dict(line.split(": ", 1) for line in two.stdout.splitlines())["ddp"]

@@ -55,6 +55,14 @@ def test_every_mode_resumes_adamw_exactly_from_its_checkpoint(adamw):
         assert record.checkpoint_bytes > record.state_bytes  # model + optimizer (+ every rank's shards)
 
 
+def test_a_one_rank_group_holds_what_a_single_process_holds():
+    """--nproc 1 (gpu-check's group on a one-GPU machine): the torchrun path, every byte of the state on rank 0."""
+    record = in_group(TrialSpec(optimizer="adamw", parallel="zero1", **{**TINY, "nproc": 1}))
+    assert record.status == "ok", record.error
+    assert record.world_size == 1 and [rank["rank"] for rank in record.per_rank] == [0]
+    assert record.state_bytes == record.analytic_state_bytes
+
+
 def test_run_trial_refuses_a_parallel_spec_outside_a_group():
     record = run_trial(TrialSpec(optimizer="adamw", parallel="ddp", **TINY))
     assert record.status == "error" and "torchrun group" in record.error
@@ -113,7 +121,7 @@ def test_launch_command_is_torchrun_from_this_interpreter():
 @pytest.mark.parametrize("args, message", [
     (["--nproc", "2"], "--nproc needs a --parallel mode"),
     (["--parallel", "ddp", "--engine", "trainer"], "native loop"),
-    (["--parallel", "fsdp2", "--nproc", "1"], "--nproc 2 or more"),
+    (["--parallel", "fsdp2", "--nproc", "0"], "must be positive"),
     (["--parallel", "zero3"], "invalid choice"),
     (["--parallel", "ddp", "--device", "cuda:1"], "not a device index"),
     (["--resume-check", "--engine", "trainer"], "--resume-check runs with the native loop"),
