@@ -50,10 +50,9 @@ def pair_statistics(bare_s: list[float], harness_s: list[float]) -> tuple[float,
     among themselves (inter-quartile range over the median, robust to one disturbed run): the noise floor this
     machine had during the check. Above the tolerance the check cannot tell a harness overhead of that size from
     noise, and the figure is not published (conclusive: False)."""
-    bare = statistics.median(bare_s)
+    bare, bare_iqr = measure.median_iqr(bare_s)
     pair_ratios = [h / b for b, h in zip(bare_s, harness_s, strict=True)]
-    q1, _, q3 = statistics.quantiles(bare_s, n=4, method="inclusive")
-    return bare, statistics.median(harness_s), statistics.median(pair_ratios), pair_ratios, (q3 - q1) / bare
+    return bare, statistics.median(harness_s), statistics.median(pair_ratios), pair_ratios, bare_iqr / bare
 
 
 def test_harness_step_time_matches_a_bare_loop(benchmark, bench_size: BenchSize, device):

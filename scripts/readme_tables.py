@@ -87,16 +87,15 @@ def harness(key: str) -> str:
     """A figure of the harness-vs-bare check (`pytest benchmarks -k harness --benchmark-json`)."""
     data = json.loads((RESULTS / "harness.json").read_text())
     info = next(b["extra_info"] for b in data["benchmarks"] if b["extra_info"].get("kind") == "harness_overhead")
+    within = abs(info["harness_to_bare_ratio"] - 1) <= info["tolerance"]
     if key == "summary":  # the README: the figure only where the check could tell
         if not info["conclusive"]:
             return (f"unmeasured — the bare loop's own runs spread {info['bare_run_spread']:.1%} (inter-quartile "
                     f"range over median), more than the {info['tolerance']:.0%} the check must resolve")
-        return (f"median pair ratio {info['harness_to_bare_ratio']:.3f}, "
-                + ("within" if abs(info["harness_to_bare_ratio"] - 1) <= info["tolerance"] else "outside")
-                + f" the {info['tolerance']:.0%} tolerance (bare runs' spread {info['bare_run_spread']:.1%})")
+        return (f"median pair ratio {info['harness_to_bare_ratio']:.3f}, {'within' if within else 'outside'} the "
+                f"{info['tolerance']:.0%} tolerance (bare runs' spread {info['bare_run_spread']:.1%})")
     if key == "verdict":
-        return (f"within the {info['tolerance']:.0%} tolerance" if info["conclusive"] and
-                abs(info["harness_to_bare_ratio"] - 1) <= info["tolerance"] else
+        return (f"within the {info['tolerance']:.0%} tolerance" if info["conclusive"] and within else
                 "not published: the check failed or was too noisy to tell")
     return {"ratio": f"{info['harness_to_bare_ratio']:.3f}", "spread": f"{100 * info['bare_run_spread']:.1f} %",
             "pairs": "–".join(f"{r:.3f}" for r in (min(info["pair_ratios"]), max(info["pair_ratios"])))}[key]
