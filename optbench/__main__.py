@@ -107,8 +107,10 @@ def _study(args: argparse.Namespace) -> int:
         raise UsageError("none of --optimizers can run here (see the skipped records)")
     grids = {name: plan.lr_grid for name in plan.names} if plan.lr_grid else None
     budget = plan.budget
-    print(f"optbench: study of {', '.join(plan.names)}: {len(plan.lr_grid) if plan.lr_grid else budget.lr_points} "
-          f"lrs x tune seeds {','.join(map(str, budget.tune_seeds))} at {plan.settings['steps']} steps, then seeds "
+    points = len(plan.lr_grid) if plan.lr_grid else budget.lr_points
+    search = f"{points} lrs" if budget.search == "grid" else f"a walk over {points} lrs"
+    print(f"optbench: study of {', '.join(plan.names)}: {search} "
+          f"x tune seeds {','.join(map(str, budget.tune_seeds))} at {plan.settings['steps']} steps, then seeds "
           f"{','.join(map(str, budget.seeds))} at the chosen lr -> {out}", file=sys.stderr)
     run_study(plan.names, plan.settings, budget, out, grids=grids, kwargs=plan.optimizer_kwargs,
               executor=_executor(args, specs, out), jobs=args.jobs)

@@ -265,6 +265,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                                   "(default: each optimizer's registry grid)")
     study.add_argument("--lr-points", type=positive_int, help="points of each registry grid")
     study.add_argument("--tune-seeds", type=int_list, help="seeds of the tune stage (default 0)")
+    study.add_argument("--tune-search", choices=["walk", "grid"],
+                       help="walk: from the default lr, up then down while within the noise of the best (default); "
+                            "grid: every point, all at once (parallel jobs, a full lr-sensitivity curve)")
     commands.add_parser("list", help="registered optimizers: availability, precision, state bytes/param")
     _add_report_parser(commands)
     _add_compare_parsers(commands)

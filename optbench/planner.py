@@ -153,10 +153,12 @@ class StudyPlan:
 
 
 def study_budget(preset_name: str, flags: Mapping[str, Any]) -> StudyBudget:
-    """The preset's study budget with the study flags (--lr-points, --tune-seeds, --seeds) applied."""
+    """The preset's study budget with the study flags (--lr-points, --tune-seeds, --seeds, --tune-search) applied."""
     budget = STUDY_BUDGETS[preset_name]
     changes = {key: tuple(flags[key]) if isinstance(flags.get(key), list) else flags[key]
                for key in ("lr_points", "tune_seeds", "seeds") if flags.get(key) is not None}
+    if flags.get("tune_search"):
+        changes["search"] = flags["tune_search"]
     for key in ("tune_seeds", "seeds"):
         if key in changes and not changes[key]:
             raise PlanError(f"--{key.replace('_', '-')} is empty")

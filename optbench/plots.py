@@ -295,7 +295,7 @@ def plot_lr_sensitivity(tune: pd.DataFrame, path: Path) -> Path:
             tun = f", tunability {choice.tunability:.2f}" if choice.tunability is not None else ""
             ax.plot([p.lr for p in ok], [p.value for p in ok], marker="o", color=colour,
                     label=f"{optimizer}{tun}", **optimizer_line(str(optimizer)))
-            failed_at += [(p.lr, colour) for p in choice.points if p.value is None]
+            failed_at += [(p.lr, colour) for p in choice.points if p.value is None and p.status != "missing"]
             ax.scatter([p.lr for p in ok if p.lr == choice.lr], [p.value for p in ok if p.lr == choice.lr], s=180,
                        facecolors="none", edgecolors=colour, lw=2, zorder=5)
         if failed_at:

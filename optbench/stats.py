@@ -369,6 +369,9 @@ def choice_from_records(optimizer: str, grid: Sequence[float], records: Iterable
     metric = next((r.target_metric for r in records), "accuracy")
     mode = next((r.target_mode for r in records), "max")
     points = [_point(lr, [r for r in records if math.isclose(float(r.lr), lr, rel_tol=1e-9)]) for lr in grid]
+    # The choice, its tie-break middle and its tunability read the lrs tried: a walk (study.next_on_walk) leaves
+    # grid points untried, and the summary, which sees only records, must choose the same.
+    points = [p for p in points if p.status != "missing"] or points
     usable = [p for p in points if p.status == "ok"]
     choice = LrChoice(optimizer, points, metric, mode, tune_steps,
                       tunability=tunability([p.value for p in points], mode),

@@ -1,7 +1,10 @@
 """`study`: a fair comparison in two stages of ordinary trials, all in one results file.
 
 1. Tune: each optimizer over its lr grid and the tune seeds (default seed 0), on the finals' own job (same steps,
-   schedule and data), scored on a validation split carved from the *training* rows (`stage="tune"`).
+   schedule and data), scored on a validation split carved from the *training* rows (`stage="tune"`). The default
+   search walks the grid from the registry's default lr (`next_on_walk`): up while the last point is still within
+   the noise of the best, then down the same way — on a unimodal curve it finds what the whole grid finds, and
+   it skips the far ends a short fine-tune never wins (`--tune-search grid` runs every point, all at once).
 2. Final: each optimizer at the lr chosen from the tune records, over the other seeds (`stage="final"`). The tune
    trial at the chosen lr is that seed's final: every study trial is scored on validation (which alone picks the
    lr) and on the eval split (which alone is reported), so the eval split never chooses what it reports on.
@@ -14,6 +17,7 @@ arrives at the same choice.
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -48,6 +52,40 @@ def final_specs(choices: Sequence[stats.LrChoice], seeds: Sequence[int], setting
     return [TrialSpec(optimizer=c.optimizer, lr=c.lr, seed=seed, stage="final",
                       optimizer_kwargs=(kwargs or {}).get(c.optimizer, {}), **settings)
             for seed in seeds for c in choices if c.lr is not None]
+
+
+def walk_start(grid: Sequence[float], default: float | None) -> float:
+    """Where a walk starts: the registry's default lr where the grid holds it, else the grid's middle point."""
+    if default is not None and any(math.isclose(lr, default, rel_tol=1e-9) for lr in grid):
+        return default
+    return sorted(grid)[(len(grid) - 1) // 2]
+
+
+def next_on_walk(grid: Sequence[float], choice: stats.LrChoice, start: float) -> float | None:
+    """The next lr a walk tries, None when it is done. The tried points stay one run of the sorted grid: the walk
+    goes up while its top point is still in contention (within the near-tie band of the best), then down the same
+    way. A failed point (diverged, error) is out of contention; where nothing has worked yet, it goes down, a
+    smaller lr being the usual cure, then up."""
+    grid = sorted(grid)
+    tried = {round(math.log(p.lr), 9): p for p in choice.points if p.status != "missing"}
+    index = [i for i, lr in enumerate(grid) if round(math.log(lr), 9) in tried]
+    if not index:
+        return start
+    low, high = min(index), max(index)
+    usable = [p.value for p in tried.values() if p.value is not None]
+    if not usable:
+        return grid[low - 1] if low > 0 else grid[high + 1] if high + 1 < len(grid) else None
+    best, band = stats.best_value(usable, choice.mode), choice.band or 0.0
+
+    def in_contention(i: int) -> bool:
+        value = tried[round(math.log(grid[i]), 9)].value
+        return value is not None and abs(value - best) <= band + 1e-12
+
+    if high + 1 < len(grid) and in_contention(high):
+        return grid[high + 1]
+    if low > 0 and in_contention(low):
+        return grid[low - 1]
+    return None
 
 
 def print_line(line: str) -> None:
@@ -95,6 +133,23 @@ def choices_from_file(names: Sequence[str], grids: dict[str, list[float]], tunin
             for name in names]
 
 
+def walk(names: Sequence[str], grids: dict[str, list[float]], tuning: Sequence[TrialSpec], out: Path, steps: int,
+         sweep: dict[str, Any]) -> None:
+    """The tune stage as walks: in each round every optimizer still walking runs its next lr over the tune seeds;
+    what comes next is read from the records, so a rerun retraces the same walk, skipping trials already ok."""
+    starts = {name: walk_start(grids[name], optimizers.resolve(name).default_lr) for name in names}
+    attempted: set[str] = set()
+    while True:
+        choices = choices_from_file(names, grids, tuning, out, steps)
+        wanted = {c.optimizer: next_on_walk(grids[c.optimizer], c, starts[c.optimizer]) for c in choices}
+        specs = [spec for spec in tuning if wanted[spec.optimizer] is not None and spec.trial_id not in attempted
+                 and math.isclose(spec.lr, wanted[spec.optimizer], rel_tol=1e-9)]  # type: ignore[arg-type]
+        if not specs:  # every walk is done (or its next trial ran and left no record: stop rather than loop)
+            return
+        attempted |= {spec.trial_id for spec in specs}
+        run_sweep(specs, out, **sweep)
+
+
 def run_study(names: Sequence[str], settings: dict[str, Any], budget: StudyBudget, out: Path, *,
               grids: dict[str, list[float]] | None = None, kwargs: dict[str, dict[str, Any]] | None = None,
               run_trial: Callable[[TrialSpec], Record] | None = None, executor: Executor | None = None,
@@ -107,12 +162,15 @@ def run_study(names: Sequence[str], settings: dict[str, Any], budget: StudyBudge
     # The study prints its own progress lines (stage, lr, metric), so the runner's are turned off.
     sweep: dict[str, Any] = {"on_record": progress, "progress": None, "jobs": jobs, "executor": executor,
                              "run_trial": run_trial}
-    run_sweep(tuning, out, **sweep)
+    if budget.search == "grid":
+        run_sweep(tuning, out, **sweep)
+    else:
+        walk(names, grids, tuning, out, settings["steps"], sweep)
     choices = choices_from_file(names, grids, tuning, out, settings["steps"])
     for choice in choices:
         lr = "none" if choice.lr is None else f"{choice.lr:g}"
         print(f"optbench: {choice.optimizer}: lr {lr} ({choice.note})", file=sys.stderr)
     finals = final_specs(choices, final_seeds, settings, kwargs)
-    progress.total = len(tuning) + len(finals)
+    progress.total = progress.done + len(finals)
     run_sweep(finals, out, **sweep)
     return StudyResult(choices, tuning, finals)

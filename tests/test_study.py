@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from optbench import optimizers, study
+from optbench import optimizers, stats, study
 from optbench.__main__ import main
 from optbench.plan import StudyBudget, TrialSpec
 from optbench.results import Record, read_records
@@ -34,9 +34,9 @@ def fake_trial(spec: TrialSpec) -> Record:
     return record
 
 
-def _run(out, run_trial=fake_trial, tune_seeds=(0,), seeds=(0, 1, 2)):
+def _run(out, run_trial=fake_trial, tune_seeds=(0,), seeds=(0, 1, 2), search="grid"):
     lines = []
-    budget = StudyBudget(lr_points=4, eval_every=2, tune_seeds=tune_seeds, seeds=seeds)
+    budget = StudyBudget(lr_points=4, eval_every=2, tune_seeds=tune_seeds, seeds=seeds, search=search)
     result = study.run_study(["adamw", "adafactor"], SETTINGS, budget, out, grids=GRIDS, run_trial=run_trial,
                              show=lines.append)
     return result, lines
@@ -94,6 +94,66 @@ def test_kill_and_rerun_skips_ok_trials_and_reaches_the_same_choice(tmp_path):
     _, lines = _run(out, lambda spec: again.append(spec) or fake_trial(spec))
     assert sum("already ok" in line for line in lines) == 11 and lines[-1].startswith("[12/12]")
     assert [(s.optimizer, s.lr) for s in again] == [("adafactor", 1e-1)]  # only the diverged point re-runs
+
+
+def test_a_walk_finds_the_grids_choice_without_the_far_ends(tmp_path):
+    """Neither default lr is in GRIDS, so each walk starts at its grid's middle point (1e-4, 1e-3), goes up one
+    point (worse), then down one (worse) and stops: adafactor's diverging 1e-1 and adamw's 1e-2 never run."""
+    out = tmp_path / "study.jsonl"
+    ran = []
+    result, lines = _run(out, lambda spec: ran.append(spec) or fake_trial(spec), search="walk")
+    assert {c.optimizer: c.lr for c in result.choices} == BEST_LR
+    tuned = [(s.optimizer, s.lr) for s in ran if s.stage == "tune"]
+    assert tuned == [("adamw", 1e-4), ("adafactor", 1e-3), ("adamw", 1e-3), ("adafactor", 1e-2),
+                     ("adamw", 1e-5), ("adafactor", 1e-4)]
+    assert len(ran) == 6 + 4 and lines[-1].startswith("[10/10] ")
+    assert all(len(c.points) == 3 and c.tunability == pytest.approx(1 / 3) for c in result.choices)
+    grid, _ = _run(tmp_path / "grid.jsonl")
+    assert {c.optimizer: c.lr for c in grid.choices} == BEST_LR
+
+
+def test_a_killed_walk_reruns_to_the_same_trials_and_choice(tmp_path):
+    out = tmp_path / "study.jsonl"
+    calls = []
+
+    def dies_after_three(spec):
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        calls.append(spec)
+        return fake_trial(spec)
+
+    with pytest.raises(KeyboardInterrupt):
+        _run(out, dies_after_three, search="walk")
+    rerun = []
+    result, _ = _run(out, lambda spec: rerun.append(spec) or fake_trial(spec), search="walk")
+    assert {s.trial_id for s in rerun}.isdisjoint(s.trial_id for s in calls) and len(calls) + len(rerun) == 10
+    assert {c.optimizer: c.lr for c in result.choices} == BEST_LR
+
+
+def _choice(values: dict[float, float | None], band: float = 0.02) -> stats.LrChoice:
+    points = [stats.LrPoint(lr, "ok" if v is not None else "diverged", v, (v,) if v is not None else ())
+              for lr, v in values.items()]
+    return stats.LrChoice("adamw", points, "accuracy", "max", 10, band=band)
+
+
+@pytest.mark.parametrize(("tried", "expected"), [
+    ({}, 1e-3),                                     # nothing tried: the start
+    ({1e-3: 0.9}, 1e-2),                            # the start is the best so far: up
+    ({1e-3: 0.9, 1e-2: 0.89}, 1e-1),                # still within the band of the best: up again
+    ({1e-3: 0.9, 1e-2: 0.7}, 1e-4),                 # up was worse: down
+    ({1e-4: 0.7, 1e-3: 0.9, 1e-2: 0.7}, None),      # both sides worse: done
+    ({1e-3: 0.7, 1e-2: 0.9, 1e-1: 0.95}, None),     # the top of the grid is the best; the bottom is out: done
+    ({1e-3: None}, 1e-4),                           # the start failed: a smaller lr first
+    ({1e-5: None, 1e-4: None, 1e-3: None}, 1e-2),   # nothing below works: up
+])
+def test_next_on_walk(tried, expected):
+    grid = [1e-5, 1e-4, 1e-3, 1e-2, 1e-1]
+    assert study.next_on_walk(grid, _choice(tried), start=1e-3) == expected
+
+
+def test_a_walk_starts_at_the_registry_default_where_the_grid_holds_it():
+    assert study.walk_start([1e-5, 5e-5, 3e-4], 5e-5) == 5e-5
+    assert study.walk_start([1e-5, 1e-4, 1e-3, 1e-2], 5e-5) == 1e-4
 
 
 @pytest.mark.parametrize("argv", [["study", "--lr-grid", "1e-4,abc"], ["study", "--lr-grid", "0"],

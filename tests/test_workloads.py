@@ -127,3 +127,28 @@ def test_time_to_target_is_read_from_the_eval_curve():
     assert record.steps_to_target == 2 and record.time_to_target_s == record.eval_curve[0][1]
     unreachable = run_trial(TrialSpec(optimizer="adamw", eval_every=2, target=1.01, **TINY))
     assert unreachable.steps_to_target is None and unreachable.time_to_target_s is None
+
+
+def test_length_sorted_evaluation_scores_what_full_width_batches_score():
+    """Eval batches drop the columns all their rows pad and come in length order: the tiny BERT's logits match a
+    full-width forward row for row, and accuracy and F1 are unchanged (labels travel with their rows)."""
+    from optbench.workloads.base import length_sorted_batches
+    from optbench.workloads.classify import classification_metrics
+
+    torch.manual_seed(0)
+    built = workloads.get_workload("tiny").build(TrialSpec(optimizer="adamw", **{**TINY, "seq_len": 64}))
+    model, split = built.model.eval(), built.eval
+    lengths = split["attention_mask"].sum(1)
+    assert lengths.min() < lengths.max() <= split["input_ids"].shape[1]  # the split has padding to drop
+    with torch.no_grad():
+        full = model(**{k: v for k, v in split.items() if k != "labels"}).logits
+        batches = list(length_sorted_batches(split, torch.device("cpu"), batch_size=8))
+        sorted_logits = torch.cat([model(**{k: v for k, v in b.items() if k != "labels"}).logits for b in batches])
+    order = torch.argsort(lengths, stable=True)
+    assert [b["input_ids"].shape[1] for b in batches] == sorted(b["input_ids"].shape[1] for b in batches)
+    assert batches[0]["input_ids"].shape[1] < split["input_ids"].shape[1]
+    torch.testing.assert_close(sorted_logits, full[order], atol=1e-5, rtol=1e-4)
+    labels = torch.cat([b["labels"] for b in batches])
+    assert torch.equal(labels, split["labels"][order])
+    expected = classification_metrics(full.argmax(-1), split["labels"], 3)
+    assert workloads.get_workload("tiny").evaluate(model, split, torch.device("cpu")) == expected

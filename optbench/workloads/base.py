@@ -153,6 +153,21 @@ def eval_batches(split: Split, device: torch.device, batch_size: int = 64) -> It
         yield to_device(take(split, slice(start, start + batch_size)), device)
 
 
+def length_sorted_batches(split: Split, device: torch.device, batch_size: int = 64) -> Iterator[Split]:
+    """Eval batches of rows of about the same length, each without the columns every one of its rows pads.
+
+    Padding is masked, so it changes no prediction (only float rounding), but it costs compute: 45 % of the
+    default job's tokens are padding, and evaluation is about a sixth of a study trial. Rows come in length
+    order, so a caller reads each batch's labels from the batch, not from the split."""
+    mask = split["attention_mask"]
+    order = torch.argsort(mask.sum(1), stable=True)
+    for start in range(0, len(order), batch_size):
+        batch = take(split, order[start:start + batch_size])
+        used = batch["attention_mask"].any(0)
+        yield to_device({k: v[:, used] if v.dim() == 2 and v.shape[1] == mask.shape[1] else v
+                         for k, v in batch.items()}, device)
+
+
 def quiet_transformers() -> None:
     """Load reports ("classifier.weight MISSING") and download bars are expected; keep trial logs quiet."""
     import transformers

@@ -21,7 +21,7 @@ from optbench.workloads.base import (
     Workload,
     WorkloadError,
     check_model,
-    eval_batches,
+    length_sorted_batches,
     load_tokenizer,
     minilm_path,
     quiet_transformers,
@@ -136,9 +136,9 @@ class Classification(Workload):
                      pretrained=source is not None)
 
     def evaluate(self, model: torch.nn.Module, split: Split, device: torch.device) -> dict[str, float]:
-        predictions = []
+        predictions, truth = [], []
         with torch.no_grad():
-            for batch in eval_batches(split, device):
-                batch.pop("labels")
+            for batch in length_sorted_batches(split, device):
+                truth.append(batch.pop("labels").cpu())
                 predictions.append(model(**batch).logits.argmax(-1).cpu())
-        return classification_metrics(torch.cat(predictions), split["labels"], self.num_labels)
+        return classification_metrics(torch.cat(predictions), torch.cat(truth), self.num_labels)
