@@ -160,7 +160,8 @@ def _add_job_definition(job) -> None:
                      help="also step a shadow fp32 AdamW; record update cosine / rel. error (inflates memory)")
     job.add_argument("--resume-check", action="store_true",
                      help="save a checkpoint at the middle step, resume in fresh objects, compare with the "
-                          "uninterrupted run: checkpoint MiB, save/load s, resume status")
+                          "uninterrupted run: checkpoint MiB, save/load s, resume status (native: torch.save, "
+                          "--parallel: torch.distributed.checkpoint, --engine trainer: Trainer's own checkpoint)")
 
 
 def _add_placement(where) -> None:

@@ -76,8 +76,9 @@ def workload_options(items: Sequence[str] | None) -> dict[str, Any]:
 def _parallel(flags: Mapping[str, Any]) -> dict[str, Any]:
     """engine, parallel and nproc; a parallel mode runs the native loop under torchrun on GPUs 0..N-1."""
     mode, nproc, engine = flags.get("parallel") or "none", flags.get("nproc"), flags.get("engine") or "native"
-    if flags.get("resume_check") and engine != "native":
-        raise PlanError(f"--resume-check runs with the native loop and its --parallel modes; drop --engine {engine}")
+    if flags.get("resume_check") and engine not in ("native", "trainer"):
+        raise PlanError(f"--resume-check runs with the native loop (and its --parallel modes) or Trainer; "
+                        f"drop --engine {engine}")
     if mode == "none":
         if nproc not in (None, 1):
             raise PlanError("--nproc needs a --parallel mode (ddp, zero1 or fsdp2)")

@@ -21,6 +21,7 @@ import random
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -231,15 +232,14 @@ def run_trial(spec: TrialSpec) -> Record:
 
 
 def _train_and_measure(spec: TrialSpec, record: Record) -> None:
-    from optbench.engines.resume import ResumeCheck
     from optbench.predict import for_trial
 
     s = setup(spec, record)
     describe_model(record, s.model, s.entry)
     record.predicted_peak_bytes = for_trial(spec, s.model, s.entry, str(s.device))  # before a step: a prediction
     bandwidth = measure.triad_bandwidth_samples(s.device, BANDWIDTH_SAMPLES)
-    check = ResumeCheck(s, record) if spec.resume_check else None
-    s.after_step = None if check is None else check.after_step
+    check = resume_check(s, record) if spec.resume_check else None
+    s.after_step = getattr(check, "after_step", None)
     result = engine_for(spec)(s, record)
     describe_state(record, s.optimizer, s.entry, s.model, spec.state_map_dir)
     result.memory.fill(record)
@@ -252,6 +252,20 @@ def _train_and_measure(spec: TrialSpec, record: Record) -> None:
         check.finish(fresh_setup(spec, record))
     evaluate_final(s, record)
     check_divergence(record, s.built.chance_loss)
+
+
+def resume_check(s: Setup, record: Record) -> Any:
+    """The resume check for the trial's engine: the native loop's (torch.save, or torch.distributed.checkpoint in
+    a group) or, under Trainer, Trainer's own checkpoint and `resume_from_checkpoint` (set on the setup, which the
+    trainer engine reads)."""
+    if s.spec.engine == "trainer":
+        from optbench.engines.trainer_resume import TrainerResumeCheck
+
+        s.resume = TrainerResumeCheck(s, record)
+        return s.resume
+    from optbench.engines.resume import ResumeCheck
+
+    return ResumeCheck(s, record)
 
 
 def fresh_setup(spec: TrialSpec, record: Record) -> Setup:

@@ -119,6 +119,13 @@ def errors(*files: str) -> str:
     return "\n".join(lines) or "(every trial ran)"
 
 
+def resume_errors(*files: str) -> str:
+    """Every row that did not resume exactly, with the reason: a failed trial's message or the resume status."""
+    lines = [f"- {r.optimizer} ({r.status}): {r.error}" if r.status != "ok" else f"- {r.optimizer}: {r.resume_status}"
+             for r in _records(files) if r.status != "ok" or r.resume_status != "exact"]
+    return "\n".join(lines) or "(every entry resumed exactly)"
+
+
 def spread_pts(file: str, optimizer: str | None = None) -> str:
     """Max minus min of the target metric over the seeds, in points; in a study, `optimizer`'s seeds at the lr its
     finals ran at (the tune trial at that lr is seed 0's final)."""
@@ -225,7 +232,8 @@ def gate_table() -> str:
             f"+{limit:g} %: a change is flagged when its whole interval lies beyond it")
 
 
-ALL = ("default.jsonl", "registry.jsonl", "smoke-all.jsonl", "resume-fsdp2.jsonl", "study-smoke.jsonl", "study.jsonl",
+ALL = ("default.jsonl", "registry.jsonl", "smoke-all.jsonl", "resume-fsdp2.jsonl", "resume-trainer.jsonl",
+       "study-smoke.jsonl", "study.jsonl",
        "study-100steps.jsonl",
        "schedule/constant.jsonl", "schedule/linear.jsonl", "lm.jsonl", "precision.jsonl", "engines/native.jsonl",
        "engines/trainer.jsonl", "engines/accelerate.jsonl", "parallel/ddp.jsonl", "parallel/zero1.jsonl",
@@ -250,6 +258,8 @@ TABLES: dict[str, Callable[[], str]] = {
         "first step s", "opt step ms", "ckpt MiB", "ckpt save s", "ckpt load s", "resume", "resume max Δparam"))),
     "resume-fsdp2": lambda: render_table(Table(("resume-fsdp2.jsonl",), (
         "optimizer", "status", "state MiB", "ckpt MiB", "ckpt save s", "ckpt load s", "resume", "resume max Δparam"))),
+    "resume-trainer": lambda: render_table(Table(("resume-trainer.jsonl",), (
+        "optimizer", "status", "state MiB", "ckpt MiB", "ckpt save s", "ckpt load s", "resume", "resume max Δparam"))),
     "lm": lambda: render_table(Table(("lm.jsonl",), (
         "optimizer", "state MiB", "state B/param", "fp32 state %", "eval perplexity",
         "perplexity Δ vs adamw (95% CI)", "step ms", "opt step ms", "roofline %"))),
@@ -271,6 +281,7 @@ VALUES: dict[str, Callable[[], str]] = {
     "study.adamw.spread": lambda: spread_pts("study.jsonl", "adamw"),
     "study-100steps.adamw.spread": lambda: spread_pts("study-100steps.jsonl", "adamw"),
     "resume-fsdp2.errors": lambda: errors("resume-fsdp2.jsonl"),
+    "resume-trainer.errors": lambda: resume_errors("resume-trainer.jsonl"),
     "explain.adamw8bit_hf": lambda: explain("adamw8bit_hf"),
     "predictor.band": predictor_band,
     "harness.ratio": lambda: harness("ratio"),

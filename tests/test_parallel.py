@@ -124,7 +124,7 @@ def test_launch_command_is_torchrun_from_this_interpreter():
     (["--parallel", "fsdp2", "--nproc", "0"], "must be positive"),
     (["--parallel", "zero3"], "invalid choice"),
     (["--parallel", "ddp", "--device", "cuda:1"], "not a device index"),
-    (["--resume-check", "--engine", "trainer"], "--resume-check runs with the native loop"),
+    (["--resume-check", "--engine", "accelerate"], "--resume-check runs with the native loop"),
 ])
 def test_bad_parallel_options_are_one_line(capsys, args, message):
     assert main(["run", "--workload", "tiny", *args]) == 2

@@ -98,3 +98,29 @@ def test_a_checkpoint_that_cannot_be_loaded_is_an_error_result_with_the_message(
     assert record.status == "ok"  # the trial's own numbers stand; the resume failure is a result
     assert record.resume_status == "error: RuntimeError: Error(s) in loading state_dict for AdamW8bit: missing key " \
                                    "'state1'"
+
+
+@pytest.mark.parametrize("name", [n for n in ("adamw", "adamw8bit", "adamw_schedulefree")
+                                  if optimizers.resolve(n).available])
+def test_under_trainer_the_check_uses_trainers_own_checkpoint_and_resume(name):
+    """`--engine trainer`: Trainer writes checkpoint-2 (weights, optimizer.pt, scheduler.pt, RNG, trainer state)
+    and a second Trainer resumes from it with `resume_from_checkpoint`; the data loader is fast-forwarded past the
+    batches already trained, so the resumed run ends where the uninterrupted one did."""
+    record = run_trial(TrialSpec(optimizer=name, resume_check=True, engine="trainer", **{**TINY, "steps": 4}))
+    assert record.status == "ok", record.error
+    assert record.resume_status == "exact", (record.resume_status, record.resume_max_abs_param_diff)
+    assert len(record.loss_curve) == 4 and record.resume_final_loss_diff == 0.0
+    assert record.checkpoint_bytes > record.weights_bytes + record.state_bytes
+    assert record.checkpoint_save_s > 0 and record.checkpoint_load_s > 0
+    assert (record.resume_note is not None) == (name == "adamw_schedulefree")
+
+
+def test_under_trainer_a_failed_save_is_the_result_and_the_trial_goes_on(monkeypatch):
+    def broken(self, output_dir):
+        raise RuntimeError("cannot pickle 'OptimState4bit' object\nmore detail")
+
+    monkeypatch.setattr(transformers.Trainer, "_save_optimizer_and_scheduler", broken)
+    record = run_trial(TrialSpec(optimizer="adamw", resume_check=True, engine="trainer", **{**TINY, "steps": 4}))
+    assert record.status == "ok" and len(record.loss_curve) == 4
+    assert record.resume_status == "error: RuntimeError: cannot pickle 'OptimState4bit' object"
+    assert record.checkpoint_save_s is None

@@ -46,6 +46,7 @@ class Setup:
     # Called after each step with the step's index, outside its timed intervals and the memory window's peak
     # (the resume check saves its checkpoint here). None: nothing to do.
     after_step: Any = None
+    resume: Any = None  # the trial's TrainerResumeCheck, for the trainer engine (which saves through Trainer)
     held_after_step_bytes: int | None = None  # RSS growth right after the last optimizer step (CPU)
 
     @property

@@ -3,7 +3,8 @@
 The registry's optimizer and the trial's warm-up schedule go in as `optimizers=(optimizer, scheduler)`,
 the training split as a map-style dataset, the workload's loss through `compute_loss`; `OptbenchCallback`
 does the timing (the native engine's intervals: see integrations/callback.py) and the memory window. Trainer's
-own extras are off (no saving, reporting, evaluation, gradient clipping, NaN filtering of the logged loss) so the
+own extras are off (no saving but `--resume-check`'s checkpoint (engines/trainer_resume.py), no reporting,
+evaluation, gradient clipping, NaN filtering of the logged loss) so the
 job is the native engine's: the differences left are Trainer's own (its shuffling order, its per-step
 bookkeeping — transformers 5 computes the gradient norm every step for its logs, inside the forward/backward
 interval), which is what this engine shows.
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import sys
 import tempfile
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import TrainerCallback
@@ -28,6 +29,7 @@ from optbench.engines.native import warm_up
 
 if TYPE_CHECKING:
     from optbench.engines.base import Setup
+    from optbench.engines.trainer_resume import TrainerResumeCheck
     from optbench.results import Record
 
 
@@ -60,11 +62,11 @@ class EvalCurve(TrainerCallback):
             self.record.eval_curve.append([state.global_step, self.timing.trained_s, value])
 
 
-def training_arguments(s: Setup, output_dir: str):
+def training_arguments(s: Setup, output_dir: str, **overrides: Any):
     from transformers import TrainingArguments
 
     spec = s.spec
-    args = TrainingArguments(
+    settings = dict(
         output_dir=output_dir, max_steps=spec.steps, per_device_train_batch_size=spec.batch_size,
         seed=spec.seed, data_seed=spec.seed, use_cpu=s.device.type == "cpu",
         bf16=spec.precision == "bf16-autocast", fp16=spec.precision == "fp16-autocast",
@@ -74,7 +76,7 @@ def training_arguments(s: Setup, output_dir: str):
         eval_strategy="no", save_strategy="no", report_to=[], disable_tqdm=not sys.stderr.isatty(),
         dataloader_num_workers=0, remove_unused_columns=False,
     )
-    return pin_device(args, s.device)
+    return pin_device(TrainingArguments(**{**settings, **overrides}), s.device)
 
 
 def pin_device(args, device: torch.device):
@@ -90,11 +92,12 @@ def pin_device(args, device: torch.device):
     return args
 
 
-def train(s: Setup, record: Record) -> EngineResult:
+def build_trainer(s: Setup, output_dir: str, callbacks: list, resume: TrainerResumeCheck | None = None,
+                  timing: Any = None):
+    """A Trainer on the trial's objects: the registry's optimizer and the trial's schedule, the training split, the
+    workload's loss. With `resume`, Trainer's own `_save_checkpoint` writes the resume check's checkpoint at the
+    middle step only (outside the memory window's peak: `timing.memory.paused()`) and nowhere else."""
     from transformers import PrinterCallback, Trainer
-
-    from optbench.engines.base import Diverged
-    from optbench.integrations.callback import OptbenchCallback
 
     workload = s.workload
 
@@ -102,13 +105,32 @@ def train(s: Setup, record: Record) -> EngineResult:
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             return workload.loss(model, inputs)  # Trainer wraps this in its bf16/fp16 autocast
 
+        def _save_checkpoint(self, model, trial):
+            if resume is None:
+                return super()._save_checkpoint(model, trial)
+            if self.state.global_step == resume.mid:
+                parent = super()._save_checkpoint
+                with timing.memory.paused():
+                    resume.save(lambda: parent(model, trial))
+            return None
+
+    args = training_arguments(s, output_dir, **(resume.arguments() if resume is not None else {}))
+    trainer = WorkloadTrainer(model=s.model, args=args, train_dataset=SplitDataset(s.built.train),
+                              optimizers=(s.optimizer, s.scheduler), callbacks=callbacks)
+    trainer.remove_callback(PrinterCallback)  # it prints every per-step log line on stdout
+    return trainer
+
+
+def train(s: Setup, record: Record) -> EngineResult:
+    from optbench.engines.base import Diverged
+    from optbench.integrations.callback import OptbenchCallback
+
     callback = OptbenchCallback(record=record, warmup_steps=s.spec.warmup_steps)
     warm_up(s)  # the same untimed pass as the native engine, so the memory baselines match
+    resume = s.resume  # a TrainerResumeCheck under --resume-check: its folder keeps the checkpoint after train()
     with tempfile.TemporaryDirectory(prefix="optbench-trainer-") as output_dir:
-        trainer = WorkloadTrainer(model=s.model, args=training_arguments(s, output_dir),
-                                  train_dataset=SplitDataset(s.built.train), optimizers=(s.optimizer, s.scheduler),
-                                  callbacks=[callback, EvalCurve(s, record, callback)])
-        trainer.remove_callback(PrinterCallback)  # it prints every per-step log line on stdout
+        trainer = build_trainer(s, resume.output_dir if resume is not None else output_dir,
+                                [callback, EvalCurve(s, record, callback)], resume, callback)
         trainer.train()
     if callback.diverged_at is not None:
         raise Diverged(f"loss became non-finite at step {callback.diverged_at}")
