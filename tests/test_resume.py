@@ -124,3 +124,28 @@ def test_under_trainer_a_failed_save_is_the_result_and_the_trial_goes_on(monkeyp
     assert record.status == "ok" and len(record.loss_curve) == 4
     assert record.resume_status == "error: RuntimeError: cannot pickle 'OptimState4bit' object"
     assert record.checkpoint_save_s is None
+
+
+class Projector:
+    """An object in optimizer state, as GaLore's and APOLLO's projectors are."""
+
+
+def test_a_weights_only_refusal_is_reported_by_the_class_it_refused():
+    buffer = io.BytesIO()
+    torch.save({"projector": Projector()}, buffer)
+    buffer.seek(0)
+    with pytest.raises(Exception) as caught:
+        torch.load(buffer, weights_only=True)
+    message = resume._message(caught.value)
+    assert message.startswith("UnpicklingError: WeightsUnpickler error: Unsupported global: GLOBAL ")
+    assert "Projector" in message and "\x1b" not in message and len(message) <= 300
+
+
+@pytest.mark.skipif(not optimizers.resolve("galore_adamw").available, reason="galore-torch is not installed")
+def test_under_trainer_galores_projector_state_cannot_be_loaded_weights_only():
+    """Trainer loads optimizer.pt with weights_only=True; GaLore keeps projector objects in its state."""
+    record = run_trial(TrialSpec(optimizer="galore_adamw", resume_check=True, engine="trainer",
+                                 **{**TINY, "steps": 4}))
+    assert record.status == "ok" and record.checkpoint_bytes > 0
+    assert record.resume_status.startswith("error: UnpicklingError: WeightsUnpickler error: Unsupported global")
+    assert "GaLoreProjector" in record.resume_status

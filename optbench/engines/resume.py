@@ -18,6 +18,7 @@ loading failed — a result, as every failure here is.
 
 from __future__ import annotations
 
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -246,6 +247,8 @@ def _sync(device: torch.device) -> None:
 
 
 def _message(exc: BaseException) -> str:
-    """The library's own message, first line, short enough for a table cell."""
-    first = (str(exc).strip().splitlines() or [""])[0]
-    return f"{type(exc).__name__}: {first}"[:300]
+    """The library's own message, short enough for a table cell: its first line, or where torch.load's
+    weights-only unpickler refused a class, the line that names it (the first line only says loading failed)."""
+    lines = [line.strip() for line in re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip().splitlines()] or [""]
+    cause = next((line for line in lines if line.startswith("WeightsUnpickler error:")), lines[0])
+    return f"{type(exc).__name__}: {cause}"[:300]
