@@ -63,6 +63,15 @@ def _text(field: str) -> Callable[[Record], str | None]:
     return lambda record: getattr(record, field) or None
 
 
+RESUME_CELL_CHARS = 60  # the README's and report's tables stay readable; the errors list under them has it all
+
+
+def _resume_cell(record: Record) -> str | None:
+    """The resume status, a library's long error cut to a table cell (the record keeps all of it)."""
+    status = record.resume_status
+    return status if not status or len(status) <= RESUME_CELL_CHARS else status[:RESUME_CELL_CHARS - 1] + "…"
+
+
 def _scientific(field: str) -> Callable[[Record], str | None]:
     """A figure that spans many decades (a parameter difference: 0, 1e-7, 3e-2), shown as 1.2e-05."""
     return lambda record: None if getattr(record, field) is None else f"{getattr(record, field):.1e}"
@@ -147,7 +156,7 @@ METRICS: tuple[Metric, ...] = (
     Metric("ckpt_mib", "ckpt MiB", "MiB", 1, LOWER, _scaled("checkpoint_bytes", 1 / MIB)),
     Metric("ckpt_save_s", "ckpt save s", "s", 2, LOWER, _scaled("checkpoint_save_s", 1)),
     Metric("ckpt_load_s", "ckpt load s", "s", 2, LOWER, _scaled("checkpoint_load_s", 1)),
-    Metric("resume", "resume", "", 0, None, _text("resume_status"), aggregate=TEXT),
+    Metric("resume", "resume", "", 0, None, _resume_cell, aggregate=TEXT),
     Metric("resume_param_diff", "resume max Δparam", "", 0, None, _scientific("resume_max_abs_param_diff"),
            aggregate=TEXT),
     # for the figures only
