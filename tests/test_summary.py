@@ -8,6 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from optbench.plan import STUDY_BUDGETS
 from optbench.report import render_markdown, verdict_sentences
 from optbench.results import Record, read_records
 from optbench.summary import MEM_SAVED, SPEED, summarize, time_to_target_by_job, trials_frame
@@ -83,7 +84,8 @@ def test_the_committed_study_chooses_the_lrs_its_finals_ran_at():
     summary = summarize(frame).set_index("optimizer")
     finals = frame[frame["stage"] == "final"].groupby("optimizer")["lr"].first()
     assert summary["tuned_lr"].to_dict() == pytest.approx(finals.to_dict())
-    assert set(summary["of_trials"]) == {3} and set(summary["tune_steps"]) == set(frame["steps"]) == {150}
+    seeds = len(STUDY_BUDGETS["study"].seeds)
+    assert set(summary["of_trials"]) == {seeds} and set(summary["tune_steps"]) == set(frame["steps"]) == {150}
 
 
 def test_side_by_side_groups_by_key_and_twin_labels_are_told_apart():
