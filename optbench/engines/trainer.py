@@ -29,7 +29,6 @@ from optbench.engines.native import warm_up
 
 if TYPE_CHECKING:
     from optbench.engines.base import Setup
-    from optbench.engines.trainer_resume import TrainerResumeCheck
     from optbench.results import Record
 
 
@@ -92,11 +91,11 @@ def pin_device(args, device: torch.device):
     return args
 
 
-def build_trainer(s: Setup, output_dir: str, callbacks: list, resume: TrainerResumeCheck | None = None,
-                  timing: Any = None):
+def build_trainer(s: Setup, output_dir: str, callbacks: list, resume: Any = None, timing: Any = None):
     """A Trainer on the trial's objects: the registry's optimizer and the trial's schedule, the training split, the
-    workload's loss. With `resume`, Trainer's own `_save_checkpoint` writes the resume check's checkpoint at the
-    middle step only (outside the memory window's peak: `timing.memory.paused()`) and nowhere else."""
+    workload's loss. With `resume` (an engines.trainer_resume.TrainerResumeCheck), Trainer's own `_save_checkpoint`
+    writes the resume check's checkpoint at the middle step only (outside the memory window's peak:
+    `timing.memory.paused()`) and nowhere else."""
     from transformers import PrinterCallback, Trainer
 
     workload = s.workload
