@@ -119,7 +119,7 @@ class Progress:
 @dataclass
 class StudyResult:
     choices: list[stats.LrChoice]
-    tune: list[TrialSpec]
+    tune: list[TrialSpec]  # the tune trials run (a walk's, or the whole grid)
     final: list[TrialSpec]
 
 
@@ -134,9 +134,10 @@ def choices_from_file(names: Sequence[str], grids: dict[str, list[float]], tunin
 
 
 def walk(names: Sequence[str], grids: dict[str, list[float]], tuning: Sequence[TrialSpec], out: Path, steps: int,
-         sweep: dict[str, Any]) -> None:
+         sweep: dict[str, Any]) -> list[TrialSpec]:
     """The tune stage as walks: in each round every optimizer still walking runs its next lr over the tune seeds;
-    what comes next is read from the records, so a rerun retraces the same walk, skipping trials already ok."""
+    what comes next is read from the records, so a rerun retraces the same walk, skipping trials already ok.
+    Returns the tune trials the walks asked for or found recorded (a killed study's first rounds)."""
     starts = {name: walk_start(grids[name], optimizers.resolve(name).default_lr) for name in names}
     attempted: set[str] = set()
     while True:
@@ -145,7 +146,10 @@ def walk(names: Sequence[str], grids: dict[str, list[float]], tuning: Sequence[T
         specs = [spec for spec in tuning if wanted[spec.optimizer] is not None and spec.trial_id not in attempted
                  and math.isclose(spec.lr, wanted[spec.optimizer], rel_tol=1e-9)]  # type: ignore[arg-type]
         if not specs:  # every walk is done (or its next trial ran and left no record: stop rather than loop)
-            return
+            tried = {(c.optimizer, round(math.log(p.lr), 9)) for c in choices for p in c.points
+                     if p.status != "missing"}
+            return [spec for spec in tuning if spec.trial_id in attempted
+                    or (spec.optimizer, round(math.log(spec.lr), 9)) in tried]  # type: ignore[arg-type]
         attempted |= {spec.trial_id for spec in specs}
         run_sweep(specs, out, **sweep)
 
@@ -165,7 +169,7 @@ def run_study(names: Sequence[str], settings: dict[str, Any], budget: StudyBudge
     if budget.search == "grid":
         run_sweep(tuning, out, **sweep)
     else:
-        walk(names, grids, tuning, out, settings["steps"], sweep)
+        tuning = walk(names, grids, tuning, out, settings["steps"], sweep)
     choices = choices_from_file(names, grids, tuning, out, settings["steps"])
     for choice in choices:
         lr = "none" if choice.lr is None else f"{choice.lr:g}"

@@ -107,6 +107,7 @@ def test_a_walk_finds_the_grids_choice_without_the_far_ends(tmp_path):
     assert tuned == [("adamw", 1e-4), ("adafactor", 1e-3), ("adamw", 1e-3), ("adafactor", 1e-2),
                      ("adamw", 1e-5), ("adafactor", 1e-4)]
     assert len(ran) == 6 + 4 and lines[-1].startswith("[10/10] ")
+    assert sorted((s.optimizer, s.lr) for s in result.tune) == sorted(tuned)  # the trials run, not the whole grid
     assert all(len(c.points) == 3 and c.tunability == pytest.approx(1 / 3) for c in result.choices)
     grid, _ = _run(tmp_path / "grid.jsonl")
     assert {c.optimizer: c.lr for c in grid.choices} == BEST_LR
