@@ -61,14 +61,24 @@ def walk_start(grid: Sequence[float], default: float | None) -> float:
     return sorted(grid)[(len(grid) - 1) // 2]
 
 
+def _lr_key(lr: float) -> float:
+    """An lr as walks compare them: its log to 9 places (a grid's lrs and the records' agree to float rounding)."""
+    return round(math.log(lr), 9)
+
+
+def tried_points(choice: stats.LrChoice) -> dict[float, stats.LrPoint]:
+    """The points of a choice that ran (ok or failed), by `_lr_key`."""
+    return {_lr_key(p.lr): p for p in choice.points if p.status != "missing"}
+
+
 def next_on_walk(grid: Sequence[float], choice: stats.LrChoice, start: float) -> float | None:
     """The next lr a walk tries, None when it is done. The tried points stay one run of the sorted grid: the walk
     goes up while its top point is still in contention (within the near-tie band of the best), then down the same
     way. A failed point (diverged, error) is out of contention; where nothing has worked yet, it goes down, a
     smaller lr being the usual cure, then up."""
     grid = sorted(grid)
-    tried = {round(math.log(p.lr), 9): p for p in choice.points if p.status != "missing"}
-    index = [i for i, lr in enumerate(grid) if round(math.log(lr), 9) in tried]
+    tried = tried_points(choice)
+    index = [i for i, lr in enumerate(grid) if _lr_key(lr) in tried]
     if not index:
         return start
     low, high = min(index), max(index)
@@ -78,7 +88,7 @@ def next_on_walk(grid: Sequence[float], choice: stats.LrChoice, start: float) ->
     best, band = stats.best_value(usable, choice.mode), choice.band or 0.0
 
     def in_contention(i: int) -> bool:
-        value = tried[round(math.log(grid[i]), 9)].value
+        value = tried[_lr_key(grid[i])].value
         return value is not None and abs(value - best) <= band + 1e-12
 
     if high + 1 < len(grid) and in_contention(high):
@@ -146,10 +156,9 @@ def walk(names: Sequence[str], grids: dict[str, list[float]], tuning: Sequence[T
         specs = [spec for spec in tuning if wanted[spec.optimizer] is not None and spec.trial_id not in attempted
                  and math.isclose(spec.lr, wanted[spec.optimizer], rel_tol=1e-9)]  # type: ignore[arg-type]
         if not specs:  # every walk is done (or its next trial ran and left no record: stop rather than loop)
-            tried = {(c.optimizer, round(math.log(p.lr), 9)) for c in choices for p in c.points
-                     if p.status != "missing"}
+            tried = {(c.optimizer, key) for c in choices for key in tried_points(c)}
             return [spec for spec in tuning if spec.trial_id in attempted
-                    or (spec.optimizer, round(math.log(spec.lr), 9)) in tried]  # type: ignore[arg-type]
+                    or (spec.optimizer, _lr_key(spec.lr)) in tried]  # type: ignore[arg-type]
         attempted |= {spec.trial_id for spec in specs}
         run_sweep(specs, out, **sweep)
 

@@ -115,13 +115,17 @@ def per_rank(*files: str) -> str:
 
 def errors(*files: str) -> str:
     """The failed rows' messages, one bullet each (what the library said)."""
-    lines = [f"- {r.optimizer} ({r.status}): {r.error}" for r in _records(files) if r.status != "ok"]
+    lines = [_failed(r) for r in _records(files) if r.status != "ok"]
     return "\n".join(lines) or "(every trial ran)"
+
+
+def _failed(record: Record) -> str:
+    return f"- {record.optimizer} ({record.status}): {record.error}"
 
 
 def resume_errors(*files: str) -> str:
     """Every row that did not resume exactly, with the reason: a failed trial's message or the resume status."""
-    lines = [f"- {r.optimizer} ({r.status}): {r.error}" if r.status != "ok" else f"- {r.optimizer}: {r.resume_status}"
+    lines = [_failed(r) if r.status != "ok" else f"- {r.optimizer}: {r.resume_status}"
              for r in _records(files) if r.status != "ok" or r.resume_status != "exact"]
     return "\n".join(lines) or "(every entry resumed exactly)"
 
@@ -239,6 +243,8 @@ ALL = ("default.jsonl", "registry.jsonl", "smoke-all.jsonl", "resume-fsdp2.jsonl
        "engines/trainer.jsonl", "engines/accelerate.jsonl", "parallel/ddp.jsonl", "parallel/zero1.jsonl",
        "parallel/fsdp2.jsonl", "gate/base.jsonl", "scaling.jsonl", "fidelity.jsonl")
 DELTA = "accuracy Δ vs adamw (95% CI)"
+RESUME_COLUMNS = ("optimizer", "status", "state MiB", "ckpt MiB", "ckpt save s", "ckpt load s", "resume",
+                  "resume max Δparam")
 TABLES: dict[str, Callable[[], str]] = {
     "study": lambda: render_table(Table(("study.jsonl",), (
         "optimizer", "tuned lr", "near-tie band", "eval accuracy", DELTA, "time to target s", "state MiB",
@@ -256,10 +262,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "smoke-all": lambda: render_table(Table(("smoke-all.jsonl",), (
         "optimizer", "state precision", "status", "state MiB", "state B/param", "= analytic", "fp32 state %",
         "first step s", "opt step ms", "ckpt MiB", "ckpt save s", "ckpt load s", "resume", "resume max Δparam"))),
-    "resume-fsdp2": lambda: render_table(Table(("resume-fsdp2.jsonl",), (
-        "optimizer", "status", "state MiB", "ckpt MiB", "ckpt save s", "ckpt load s", "resume", "resume max Δparam"))),
-    "resume-trainer": lambda: render_table(Table(("resume-trainer.jsonl",), (
-        "optimizer", "status", "state MiB", "ckpt MiB", "ckpt save s", "ckpt load s", "resume", "resume max Δparam"))),
+    "resume-fsdp2": lambda: render_table(Table(("resume-fsdp2.jsonl",), RESUME_COLUMNS)),
+    "resume-trainer": lambda: render_table(Table(("resume-trainer.jsonl",), RESUME_COLUMNS)),
     "lm": lambda: render_table(Table(("lm.jsonl",), (
         "optimizer", "state MiB", "state B/param", "fp32 state %", "eval perplexity",
         "perplexity Δ vs adamw (95% CI)", "step ms", "opt step ms", "roofline %"))),

@@ -43,8 +43,7 @@ class ResumeCheck:
         self.mid = max(1, s.spec.steps // 2)  # steps trained before the checkpoint
         self.folder, self.path = _shared_folder()
         self.error: str | None = None
-        self.switches = s.entry.before_eval is not _default_hook() and s.optimizer is not None
-        if self.switches:
+        if switches_mode(s):
             record.resume_note = "optimizer.eval() before saving, optimizer.train() after saving and loading"
 
     def after_step(self, step: int) -> None:
@@ -69,18 +68,8 @@ class ResumeCheck:
 
     def _save(self) -> None:
         s = self.s
-        start = time.perf_counter()
-        s.entry.before_eval(s.optimizer)
-        try:
-            if _distributed():
-                save_distributed(s, self.path)
-            else:
-                torch.save(capture(s), self.path)
-        finally:
-            s.entry.after_eval(s.optimizer)
-        _sync(s.device)
-        self.record.checkpoint_save_s = time.perf_counter() - start
-        self.record.checkpoint_bytes = _size_bytes(self.path)
+        timed_save(s, self.record, self.path, lambda: save_distributed(s, self.path) if _distributed() else
+                   torch.save(capture(s), self.path))
 
     def finish(self, fresh: Setup) -> None:
         """Load into `fresh` (new objects from the same spec), train the second half, compare; fills the record."""
@@ -106,6 +95,25 @@ class ResumeCheck:
 
         losses = [loss for *_, loss in timed_steps(fresh, start=self.mid)]
         compare(self.record, _params(self.s.model), _params(fresh.model), self.record.loss_curve[-1], losses[-1])
+
+
+def switches_mode(s: Setup) -> bool:
+    """Whether the optimizer needs its eval() mode to save (schedule-free): its registry entry has a hook for it."""
+    return s.entry.before_eval is not _default_hook() and s.optimizer is not None
+
+
+def timed_save(s: Setup, record: Record, path: Path, write: Any) -> None:
+    """Save with `write()`, the optimizer in its eval() mode meanwhile where it has one; `checkpoint_save_s` and
+    the bytes `path` holds after it go on the record. Both resume checks, native and Trainer, save this way."""
+    start = time.perf_counter()
+    s.entry.before_eval(s.optimizer)
+    try:
+        write()
+    finally:
+        s.entry.after_eval(s.optimizer)
+    _sync(s.device)
+    record.checkpoint_save_s = time.perf_counter() - start
+    record.checkpoint_bytes = _size_bytes(path)
 
 
 def _shared_folder() -> tuple[tempfile.TemporaryDirectory | None, Path]:

@@ -24,7 +24,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from optbench.engines.base import Setup
-from optbench.engines.resume import FAILURES, _message, _params, _size_bytes, compare
+from optbench.engines.resume import FAILURES, _message, _params, compare, switches_mode, timed_save
 from optbench.results import Record
 
 
@@ -49,13 +49,11 @@ class TrainerResumeCheck:
     """Saves through the reference Trainer at the middle step (`save`), then `finish` resumes and compares."""
 
     def __init__(self, s: Setup, record: Record) -> None:
-        from optbench.engines.resume import _default_hook
-
         self.s, self.record = s, record
         self.mid = max(1, s.spec.steps // 2)
         self.folder = tempfile.TemporaryDirectory(prefix="optbench-trainer-resume-")
         self.error: str | None = None
-        if s.entry.before_eval is not _default_hook():
+        if switches_mode(s):
             record.resume_note = "optimizer.eval() before Trainer saves; Trainer calls optimizer.train() each step"
 
     @property
@@ -74,19 +72,10 @@ class TrainerResumeCheck:
     def save(self, write: Callable[[], None]) -> None:
         """The reference run's `_save_checkpoint` at the middle step: timed, the mode switch around it, a failure
         kept as the result."""
-        s = self.s
-        start = time.perf_counter()
         try:
-            s.entry.before_eval(s.optimizer)
-            try:
-                write()
-            finally:
-                s.entry.after_eval(s.optimizer)
+            timed_save(self.s, self.record, self.checkpoint, write)
         except FAILURES as exc:
             self.error = _message(exc)
-            return
-        self.record.checkpoint_save_s = time.perf_counter() - start
-        self.record.checkpoint_bytes = _size_bytes(self.checkpoint)
 
     def finish(self, fresh: Setup) -> None:
         """Resume `fresh` (new objects from the same spec) from the checkpoint in a second Trainer, compare."""
