@@ -2,7 +2,7 @@
 
 The benchmarks measure with optbench's own pieces (registry, workload, probes, trial, Record), so a
 number here means what the same-named field means in a results file. `extra_info` therefore holds
-Record fields by their Record names, plus `kind`; optbench.benchjson turns it back into Records.
+Record fields by their Record names, plus `kind`; optbench.records.benchjson turns it back into Records.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from optbench import measure
+from optbench.job.spec import PRESETS, TrialSpec
 from optbench.optimizers import OptimizerSpec
-from optbench.plan import PRESETS, TrialSpec
-from optbench.results import Record
-from optbench.trial import describe_model, describe_state, device_name, record_from_spec
+from optbench.probes import measure
+from optbench.records.record import Record
+from optbench.trial.run import describe_model, describe_state, device_name, record_from_spec
 from optbench.workloads.base import take, to_device
 
 if TYPE_CHECKING:
@@ -78,7 +78,7 @@ def suite_device(name: str) -> torch.device:
     `cuda` and `auto` are the current GPU, and a `cuda:N` suite must time on GPU N's stream, not GPU 0's (CUDA
     events, `torch.cuda.synchronize()` and libraries that say "cuda" all follow the current device). The names
     `trial.resolve_device` refuses are refused (ValueError)."""
-    from optbench.trial import resolve_device
+    from optbench.trial.run import resolve_device
 
     device = resolve_device(name)
     if device.type == "cuda":

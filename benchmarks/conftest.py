@@ -70,7 +70,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: dict) -> None:
-    from optbench.environment import MACHINE_KEYS, environment
+    from optbench.records.environment import MACHINE_KEYS, environment
 
     device = _device(config)
     env = environment(device)  # the GPU the suite ran on

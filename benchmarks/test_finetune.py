@@ -1,4 +1,4 @@
-"""A short fine-tune through the harness itself (optbench.trial.run_trial): accuracy next to the costs.
+"""A short fine-tune through the harness itself (optbench.trial.run.run_trial): accuracy next to the costs.
 
 The benchmark's time is the whole trial (build, train, evaluate); the steady-state step medians the
 harness measured, the accuracy, state bytes and peaks are in extra_info under their Record names.
@@ -10,7 +10,7 @@ import math
 
 from bench_support import extra_info, trial_spec
 
-from optbench.trial import run_trial
+from optbench.trial.run import run_trial
 
 
 def test_finetune(benchmark, optimizer_spec, bench_size, device):

@@ -1,6 +1,6 @@
 """The harness's recorded step time must be the step's own time: within a few percent of a bare loop.
 
-The harness (optbench.trial) wraps each step in clock reads, a device sync, a loss read-back, a
+The harness (optbench.trial.run) wraps each step in clock reads, a device sync, a loss read-back, a
 scheduler step and a progress bar; this checks that all of it together stays under the tolerance
 (3 % on the MiniLM job). Shared machines are noisy, so both run in this one process, interleaved
 (bare, harness, harness, bare, ...), and the median of the per-pair ratios is compared. Load from
@@ -16,9 +16,9 @@ import statistics
 import torch
 from bench_support import BenchSize, extra_info, train_step, trial_spec
 
-from optbench import measure
-from optbench.plan import TrialSpec
-from optbench.trial import record_from_spec, run_trial, setup
+from optbench.job.spec import TrialSpec
+from optbench.probes import measure
+from optbench.trial.run import record_from_spec, run_trial, setup
 from optbench.workloads import train_batches
 from optbench.workloads.base import to_device
 

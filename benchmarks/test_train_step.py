@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from bench_support import extra_info, first_batch, fresh_model, measured_record, train_step, trial_spec
 
-from optbench import measure
+from optbench.probes import measure
 
 
 def test_train_step(benchmark, optimizer_spec, workload, bench_size, device):

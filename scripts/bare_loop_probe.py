@@ -24,8 +24,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from optbench.environment import environment  # noqa: E402
-from optbench.plan import TrialSpec  # noqa: E402
+from optbench.job.spec import TrialSpec  # noqa: E402
+from optbench.records.environment import environment  # noqa: E402
 from optbench.workloads import get_workload, train_batches  # noqa: E402
 
 SPEC = TrialSpec(optimizer="adamw", workload="minilm", device="cpu", steps=20, warmup_steps=4, batch_size=16,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from optbench.results import Record, read_records
+from optbench.records.record import Record, read_records
 
 
 def problems(records: dict[str, list[Record]]) -> list[str]:

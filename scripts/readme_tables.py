@@ -2,7 +2,7 @@
 
 Between `<!-- table: NAME -->` and `<!-- /table -->` a document holds the table NAME renders; between
 `<!-- value: NAME -->` and `<!-- /value -->` one figure (a run's total minutes, a ratio). Both are rendered with the
-report's own code (optbench.summary / optbench.report), so a README cell reads exactly as report.md does.
+report's own code (optbench.report.frame / optbench.report.render), so a README cell reads exactly as report.md does.
 
     python scripts/readme_tables.py          # rewrite README.md and docs/*.md in place
     python scripts/readme_tables.py --check  # exit 1 naming every block that differs from what the records give
@@ -25,9 +25,9 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from optbench import report  # noqa: E402
-from optbench.results import Record, read_records  # noqa: E402
-from optbench.summary import summarize, trials_frame  # noqa: E402
+from optbench.records.record import Record, read_records  # noqa: E402
+from optbench.report import render as report  # noqa: E402
+from optbench.report.frame import summarize, trials_frame  # noqa: E402
 
 RESULTS = ROOT / "results" / "cpu-2core"
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -108,7 +108,7 @@ def side_by_side(*files: str) -> str:
 
 
 def per_rank(*files: str) -> str:
-    from optbench.engines.parallel import per_rank_markdown
+    from optbench.trial.engines.parallel import per_rank_markdown
 
     return per_rank_markdown(_records(files)).strip()
 
@@ -140,14 +140,14 @@ def spread_pts(file: str, optimizer: str | None = None) -> str:
 
 
 def explain(optimizer: str) -> str:
-    from optbench import statemap
+    from optbench.memory import statemap
 
     return "\n" + statemap.explain(optimizer).strip() + "\n"
 
 
 def predictor_band() -> str:
-    from optbench import calibrate
-    from optbench.calibration import load_calibrations
+    from optbench.memory import calibrate
+    from optbench.memory.calibration import load_calibrations
 
     held = read_records(RESULTS / "predictor" / "held-out.jsonl")
     table = calibrate.validation_table(held, load_calibrations("cpu"))
@@ -190,7 +190,7 @@ def memory_split() -> str:
 
 
 def scaling_tables() -> str:
-    from optbench.scaling import render_scaling_markdown
+    from optbench.report.scaling import render_scaling_markdown
 
     text = render_scaling_markdown(_records(("scaling.jsonl",)))
     return "\n".join(line for line in text.splitlines() if not line.startswith("###")).strip()
@@ -201,7 +201,7 @@ GATE_RUNS = (("rerun", "same-commit rerun"), ("slow-0.15", "+15 % injected"), ("
 
 
 def _gate(name: str):
-    from optbench import compare
+    from optbench.report import compare
 
     base = read_records(RESULTS / "gate" / "base.jsonl")
     new = read_records(RESULTS / "gate" / f"{name}.jsonl")
@@ -223,7 +223,7 @@ def gate_rerun() -> str:
 def gate_table() -> str:
     """compare, at the calibrated CPU thresholds, of the base sweep with a same-commit rerun and with injected
     optimizer.step() slowdowns: the optimizer step's change, its 95 % interval, and whether it was flagged."""
-    from optbench import compare
+    from optbench.report import compare
 
     columns: dict[str, dict[str, str]] = {}
     for name, title in GATE_RUNS:

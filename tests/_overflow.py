@@ -27,7 +27,7 @@ def overflow_at(monkeypatch, steps: set[int], cpu_scaler: bool = False) -> None:
     """Make the tiny workload's training loss overflow at these training steps (the untimed warm-up pass is not
     one; evaluations, run without gradients, are left alone). `cpu_scaler`: give CPU fp16 trials a GradScaler, as
     CUDA ones get (torch 2.13 has torch.amp.GradScaler("cpu"); optbench's trials make one on CUDA only)."""
-    from optbench.precision import Precision
+    from optbench.trial.precision import Precision
     from optbench.workloads import get_workload
 
     if cpu_scaler:

@@ -5,8 +5,8 @@ point), then final seeds 1 and 2 at the chosen lr, all with eval curves. The tun
 
 import math
 
-from optbench.plan import TrialSpec
-from optbench.results import Record
+from optbench.job.spec import TrialSpec
+from optbench.records.record import Record
 
 MIB = 2**20
 GRID = [1e-5, 1e-4, 1e-3, 1e-2]

@@ -7,7 +7,7 @@ import pytest
 from _tiny import TINY_ARGS
 
 from optbench.__main__ import main
-from optbench.results import Record, append_record
+from optbench.records.record import Record, append_record
 
 
 @pytest.fixture

@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 
 from optbench.__main__ import main
-from optbench.benchjson import read_benchmark_records
-from optbench.results import Record
+from optbench.records.benchjson import read_benchmark_records
+from optbench.records.record import Record
 
 MIB = 2**20
 JOB = dict(model="all-MiniLM-L6-v2", dataset="embedded-reviews", device="cpu", steps=30, batch_size=16, seq_len=32,

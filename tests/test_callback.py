@@ -12,16 +12,16 @@ from _overflow import overflowing
 from torch.amp.grad_scaler import OptState
 
 from optbench import optimizers
-from optbench.engines.trainer import SplitDataset
-from optbench.integrations import OptbenchCallback
-from optbench.plan import TrialSpec
-from optbench.results import read_records
+from optbench.job.spec import TrialSpec
+from optbench.records.record import read_records
+from optbench.trial.callback import OptbenchCallback
+from optbench.trial.engines.trainer import SplitDataset
 from optbench.workloads import get_workload
 
 # The README's example, verbatim: a user's Trainer run plus one callback.
 README_EXAMPLE = """
 from transformers import Trainer, TrainingArguments
-from optbench.integrations import OptbenchCallback
+from optbench.trial.callback import OptbenchCallback
 
 args = TrainingArguments("out", max_steps=20, eval_strategy="steps", eval_steps=20,
                          use_cpu=True, report_to=[])

@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from optbench import compare, metrics, stats
 from optbench.__main__ import main
-from optbench.results import Record, append_record
+from optbench.records.record import Record, append_record
+from optbench.report import compare, metrics, stats
 
 MIB = 2**20
 JOB = dict(model="m", dataset="d", device="cpu", steps=10, batch_size=4, seq_len=8, workload="w")
@@ -207,7 +207,7 @@ def test_a_clear_change_below_the_threshold_is_shown_but_passes(tmp_path):
 
 
 def compare_records(path):
-    from optbench.results import read_records
+    from optbench.records.record import read_records
 
     return read_records(path)
 
@@ -272,7 +272,7 @@ def test_the_cpu_generation_and_kernel_set_are_compared():
 
 
 def test_this_machine_stamps_its_cpu_generation_and_load():
-    from optbench.environment import environment
+    from optbench.records.environment import environment
 
     env = environment()
     assert env["cpu_capability"] and isinstance(env["load_avg_1m"], float)

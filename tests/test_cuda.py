@@ -16,9 +16,9 @@ import pytest
 import torch
 from _overflow import overflow_at
 
-from optbench import measure
-from optbench.plan import TrialSpec
-from optbench.trial import run_trial
+from optbench.job.spec import TrialSpec
+from optbench.probes import measure
+from optbench.trial.run import run_trial
 
 pytestmark = pytest.mark.cuda
 # cuda:0, not cuda: an in-process trial resolves `cuda` without an index until trial.resolve_device is fixed
@@ -59,7 +59,7 @@ def test_a_pause_keeps_an_evaluations_memory_out_of_the_cuda_peak():
 
 
 def measure_record(window: measure.MemoryWindow):
-    from optbench.results import Record
+    from optbench.records.record import Record
 
     record = Record()
     window.fill(record)
@@ -143,7 +143,7 @@ def test_fp16_skipped_steps_stay_out_of_the_figures_and_the_shadow_stays_finite(
 
 
 def test_the_memory_cap_goes_to_the_current_gpu():
-    from optbench.process.child import cap_memory
+    from optbench.sweep.child import cap_memory
 
     cuda = need_gpus(1, "the caching allocator's per-process memory fraction")
     torch.cuda.set_device(cuda)
@@ -202,7 +202,7 @@ def test_every_engine_trains_on_the_trials_gpu(engine):
 
 def test_a_cpu_trial_leaves_cuda_uninitialised():
     need_gpus(1, "a GPU that a CPU trial must not touch (a forked child could not initialise CUDA after)")
-    code = ("import torch; from optbench.plan import TrialSpec; from optbench.trial import run_trial; "
+    code = ("import torch; from optbench.job.spec import TrialSpec; from optbench.trial.run import run_trial; "
             "r = run_trial(TrialSpec(optimizer='adamw', workload='tiny', device='cpu', steps=2, warmup_steps=1, "
             "batch_size=4, seq_len=16, eval_size=16)); print(r.status, r.env['gpu'], torch.cuda.is_initialized())")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)

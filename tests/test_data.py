@@ -3,7 +3,7 @@
 import pandas as pd
 import pytest
 
-from optbench import data
+from optbench.workloads import data
 
 
 def test_embedded_task_is_seeded_balanced_and_compositional():

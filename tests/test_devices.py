@@ -1,7 +1,7 @@
-"""Which GPUs, threads and preloads each trial process gets (optbench/process/devices.py): the device logic of the
+"""Which GPUs, threads and preloads each trial process gets (optbench/sweep/devices.py): the device logic of the
 CUDA path, as plain functions, so that it is tested here although this machine has no GPU."""
 
-from optbench.process.devices import (
+from optbench.sweep.devices import (
     gpu_slots,
     node_environment,
     preload_modules,

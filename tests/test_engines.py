@@ -8,12 +8,12 @@ import torch
 from _overflow import overflow_at
 
 from optbench import optimizers
-from optbench.engines import ENGINES, get_engine
-from optbench.engines.accelerate import placement_agrees
-from optbench.engines.trainer import pin_device
-from optbench.plan import TrialSpec
-from optbench.timing import STEP_MARKS, StepSamples, StepTimer
-from optbench.trial import run_trial
+from optbench.job.spec import TrialSpec
+from optbench.probes.timing import STEP_MARKS, StepSamples, StepTimer
+from optbench.trial.engines import ENGINES, get_engine
+from optbench.trial.engines.accelerate import placement_agrees
+from optbench.trial.engines.trainer import pin_device
+from optbench.trial.run import run_trial
 
 TINY = dict(workload="tiny", device="cpu", steps=6, warmup_steps=2, batch_size=4, seq_len=16, eval_size=24)
 OPTIMIZERS = [name for name in ("adamw", "adafactor") if optimizers.resolve(name).available]
@@ -53,8 +53,8 @@ def test_engine_fills_the_timing_and_quality_fields(records, engine):
 @pytest.mark.parametrize("engine", ENGINES)
 def test_engine_records_an_eval_curve_evaluated_outside_the_memory_window(monkeypatch, engine):
     """An `--eval-every` evaluation (an LM's fp32 logits) can outgrow training: it runs in MemoryWindow.paused()."""
-    from optbench import measure
-    from optbench.engines import base
+    from optbench.probes import measure
+    from optbench.trial.engines import base
 
     paused, evaluate, inside, evaluated = measure.MemoryWindow.paused, base.evaluate, [False], []
 
@@ -127,7 +127,7 @@ class TickingClock:
 def ticking(monkeypatch):
     import accelerate.data_loader
 
-    from optbench.engines import native
+    from optbench.trial.engines import native
 
     clock = TickingClock()
     clock.install(monkeypatch)
@@ -163,7 +163,7 @@ def test_step_samples_keep_skipped_steps_out_of_the_first_step_and_the_medians()
 
 
 def test_native_fp16_skipped_steps_stay_out_of_first_step_and_medians(monkeypatch):
-    from optbench import measure
+    from optbench.probes import measure
 
     TickingClock(per_step=True).install(monkeypatch)  # step k's marks tick by k + 1: its time says which step
     monkeypatch.setattr(measure, "triad_bandwidth_samples", lambda device, samples: [])  # no marks but the steps'

@@ -6,13 +6,13 @@ import math
 
 import pytest
 
-from optbench import estimate as est
-from optbench import predict
 from optbench.__main__ import main
-from optbench.calibration import CalibrationSet, ErrorBand
-from optbench.estimate import GIB, MIB, EstimateError, parse_bytes, parse_count
+from optbench.memory import estimate as est
+from optbench.memory import predict
+from optbench.memory.calibration import CalibrationSet, ErrorBand
+from optbench.memory.estimate import GIB, MIB, EstimateError, parse_bytes, parse_count
 from optbench.optimizers import resolve
-from optbench.results import Record
+from optbench.records.record import Record
 
 COURSE_PARAMS = 65_783_042
 

@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 from _tiny import TINY, started
 
-from optbench import results
 from optbench.__main__ import main
+from optbench.job.spec import TrialSpec
 from optbench.optimizers import OptimizerSpec
-from optbench.plan import TrialSpec
-from optbench.process import LocalExecutor, ResultsWriteError, run_sweep
-from optbench.results import Record, append_record, read_records
+from optbench.records import record as results
+from optbench.records.record import Record, append_record, read_records
+from optbench.sweep import LocalExecutor, ResultsWriteError, run_sweep
 
 TINY_RUN = ["--workload", "tiny", "--device", "cpu", "--steps", "3", "--warmup-steps", "1", "--batch-size", "4",
             "--seq-len", "16", "--eval-size", "16"]
@@ -62,9 +62,9 @@ def test_sigkill_mid_trial_then_rerun_resumes_without_loss_or_duplicates(tmp_pat
     script.write_text(textwrap.dedent(f"""
         import time
         from pathlib import Path
-        from optbench.plan import build_grid
-        from optbench.results import Record
-        from optbench.process import run_sweep
+        from optbench.job.spec import build_grid
+        from optbench.records.record import Record
+        from optbench.sweep import run_sweep
 
         def trial(spec):
             if spec.optimizer == "adafactor" and not Path({str(started)!r}).exists():
@@ -176,7 +176,7 @@ def test_two_writers_appending_at_once_leave_every_line_intact(tmp_path):
     writer = textwrap.dedent(f"""
         import sys
         from pathlib import Path
-        from optbench.results import Record, append_record
+        from optbench.records.record import Record, append_record
         for i in range(1500):
             append_record(Path({str(out)!r}), Record(trial_id=f"{{sys.argv[1]}}-{{i}}", optimizer="adamw",
                                                       loss_curve=[float(i)] * 2000))  # ~20 KB a line
@@ -221,7 +221,7 @@ def test_unwritable_out_is_one_line_before_any_trial(tmp_path, monkeypatch, caps
     monkeypatch.chdir(tmp_path)
     out = _unwritable_dir(tmp_path) / "r.jsonl" if where == "read-only" else tmp_path
     ran = []
-    monkeypatch.setattr("optbench.process.run_sweep", lambda *a, **k: ran.append(a))
+    monkeypatch.setattr("optbench.sweep.run_sweep", lambda *a, **k: ran.append(a))
     assert main(["run", *TINY_RUN, "--out", str(out)]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"optbench: error: cannot write results to {out}"), lines

@@ -6,12 +6,12 @@ import torch
 from _overflow import overflowing
 
 from optbench import optimizers
-from optbench.fidelity import UpdateFidelity, reference_settings
-from optbench.plan import TrialSpec
-from optbench.precision import unscale_and_check
-from optbench.results import Record, split_peak_memory
-from optbench.timing import StepTimer
-from optbench.trial import run_trial
+from optbench.job.spec import TrialSpec
+from optbench.probes.fidelity import UpdateFidelity, reference_settings
+from optbench.probes.timing import StepTimer
+from optbench.records.record import Record, split_peak_memory
+from optbench.trial.precision import unscale_and_check
+from optbench.trial.run import run_trial
 
 TINY = dict(workload="tiny", device="cpu", steps=4, warmup_steps=1, batch_size=4, seq_len=16, eval_size=16)
 
@@ -153,9 +153,9 @@ def test_trial_records_the_peak_split(fidelity_records):
 
 
 def test_cli_fidelity_flag_reaches_the_spec():
-    from optbench import planner
-    from optbench.__main__ import build_parser
-    from optbench.plan import PRESETS
+    from optbench.cli.options import build_parser
+    from optbench.job import planner
+    from optbench.job.spec import PRESETS
 
     args = build_parser().parse_args(["run", "--fidelity", "--workload", "tiny", "--optimizers", "adamw"])
     specs = planner.plan_run(vars(args), PRESETS[args.preset], args.optimizers, args.seeds).specs

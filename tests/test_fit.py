@@ -5,9 +5,9 @@ tiny workload; `optbench fit --memory 1.5GiB` on the MiniLM job is the end-to-en
 
 import dataclasses
 
-from optbench import fit
-from optbench.plan import TrialSpec
-from optbench.results import MIB, Record
+from optbench.job.spec import TrialSpec
+from optbench.memory import fit
+from optbench.records.record import MIB, Record
 
 BUDGET = 1000 * MIB
 SIZES = fit.candidate_sizes("batch", 256)  # 1, 2, 4, 8, 16, ..., 256

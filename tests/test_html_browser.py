@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from _study_fixture import study_records
 
-from optbench.report import write_report
+from optbench.report.render import write_report
 
 CHROMIUM = os.environ.get("OPTBENCH_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",

@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch.utils._pytree import tree_map
 
-from optbench import measure, timing
-from optbench.results import Record
-from optbench.timing import STEP_MARKS
+from optbench.probes import measure, timing
+from optbench.probes.timing import STEP_MARKS
+from optbench.records.record import Record
 
 
 class Quantized(torch.Tensor):
@@ -208,7 +208,7 @@ def test_device_used_bytes_and_paged_state_off_cuda():
 
 
 def test_a_slowed_optimizer_still_takes_an_lr_schedule_in_either_order(monkeypatch):
-    from optbench.schedules import make_scheduler
+    from optbench.trial.schedules import make_scheduler
 
     monkeypatch.setenv(measure.SLOWDOWN_ENV, "0.5")
     slept = []

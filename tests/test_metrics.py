@@ -4,9 +4,9 @@ import dataclasses
 
 import pytest
 
-from optbench import compare, metrics
-from optbench.report import render_markdown, render_terminal, summarize, trials_frame
-from optbench.results import MIB, Record
+from optbench.records.record import MIB, Record
+from optbench.report import compare, metrics
+from optbench.report.render import render_markdown, render_terminal, summarize, trials_frame
 
 JOB = dict(model="m", dataset="d", device="cpu", steps=10, batch_size=4, seq_len=8, workload="w")
 

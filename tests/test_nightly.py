@@ -11,9 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from optbench import compare, nightly
 from optbench.__main__ import main
-from optbench.results import Record, append_record
+from optbench.records.record import Record, append_record
+from optbench.report import compare
+from optbench.workflows import nightly
 
 MIB = 2**20
 JOB = dict(model="m", dataset="d", device="cpu", steps=8, batch_size=8, seq_len=32, workload="tiny", status="ok")
@@ -141,8 +142,7 @@ def test_stage_commands():
 
 
 def test_every_job_flag_given_to_nightly_reaches_its_sweep():
-    from optbench.__main__ import build_parser
-    from optbench.options import job_argv
+    from optbench.cli.options import build_parser, job_argv
 
     argv = ["--workload", "tiny", "--schedule", "cosine", "--batch-size", "4", "--max-memory", "2GiB",
             "--resume-check", "--workload-option", "hidden_size=32"]

@@ -12,8 +12,8 @@ import torch
 import transformers
 
 from optbench import optimizers
-from optbench.measure import optimizer_state_bytes
 from optbench.optimizers import Param
+from optbench.probes.measure import optimizer_state_bytes
 from optbench.workloads import tiny_bert_config
 
 ALL = list(optimizers.REGISTRY.values())

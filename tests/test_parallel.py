@@ -7,12 +7,12 @@ import pytest
 
 from optbench import optimizers
 from optbench.__main__ import main
-from optbench.engines.parallel import MODES
-from optbench.estimate import Estimate
-from optbench.plan import TrialSpec
-from optbench.process import LocalExecutor
-from optbench.process.executors import launch_command
-from optbench.trial import run_trial
+from optbench.job.spec import TrialSpec
+from optbench.memory.estimate import Estimate
+from optbench.sweep import LocalExecutor
+from optbench.sweep.executors import launch_command
+from optbench.trial.engines.parallel import MODES
+from optbench.trial.run import run_trial
 
 TINY = dict(workload="tiny", device="cpu", steps=4, warmup_steps=1, batch_size=8, seq_len=16, eval_size=24,
             nproc=2, timeout_s=600)
@@ -115,7 +115,7 @@ def test_launch_command_is_torchrun_from_this_interpreter():
     command = launch_command(spec, Path("s.json"), Path("r.json"))
     assert command[:3] == [sys.executable, "-m", "torch.distributed.run"]
     assert command[command.index("--nproc-per-node") + 1] == "4"
-    assert command[-5:] == ["-m", "optbench.process.child", "rank", "s.json", "r.json"]
+    assert command[-5:] == ["-m", "optbench.sweep.child", "rank", "s.json", "r.json"]
 
 
 @pytest.mark.parametrize("args, message", [
@@ -133,7 +133,7 @@ def test_bad_parallel_options_are_one_line(capsys, args, message):
 
 
 def test_per_rank_table_compares_each_rank_with_a_ddp_rank(adamw):
-    from optbench.engines.parallel import per_rank_markdown
+    from optbench.trial.engines.parallel import per_rank_markdown
 
     rows = [line.split("|")[1:-1] for line in per_rank_markdown(list(adamw.values())).splitlines()[2:]]
     share = {(cells[1].strip(), cells[2].strip()): float(cells[8]) for cells in rows}

@@ -7,9 +7,9 @@ import sys
 import numpy as np
 import pytest
 
-from optbench.plots import label_offsets, mean_band, write_plots
-from optbench.results import Record
-from optbench.summary import summarize, trials_frame
+from optbench.records.record import Record
+from optbench.report.frame import summarize, trials_frame
+from optbench.report.plots import label_offsets, mean_band, write_plots
 
 MIB = 2**20
 JOB = dict(model="m", dataset="d", device="cpu", steps=4, warmup_steps=1, batch_size=4, seq_len=8, workload="w")
@@ -81,7 +81,7 @@ def test_no_figures_when_nothing_finished(tmp_path):
 def test_study_figures_only_where_the_data_supports_them(tmp_path):
     from _study_fixture import study_records
 
-    from optbench.report import write_report
+    from optbench.report.render import write_report
 
     _, paths = write_report(study_records(), tmp_path)
     names = {p.name for p in paths}
@@ -108,6 +108,7 @@ def test_where_the_state_bytes_go_only_when_records_carry_it(records, tmp_path):
 
 
 def test_plots_import_neither_the_report_nor_torch():
-    code = "import sys, optbench.plots; print(sorted(m for m in ('optbench.report', 'torch') if m in sys.modules))"
+    code = ("import sys, optbench.report.plots; "
+            "print(sorted(m for m in ('optbench.report.render', 'torch') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"

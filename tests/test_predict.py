@@ -8,12 +8,12 @@ import statistics
 
 import pytest
 
-from optbench import calibrate as cal
-from optbench import predict
-from optbench.calibration import Calibration, CalibrationSet, ErrorBand
+from optbench.job.spec import TrialSpec
+from optbench.memory import calibrate as cal
+from optbench.memory import predict
+from optbench.memory.calibration import Calibration, CalibrationSet, ErrorBand
 from optbench.optimizers import Param, resolve
-from optbench.plan import TrialSpec
-from optbench.results import MIB, Record
+from optbench.records.record import MIB, Record
 
 EMBEDDING = Param(shape=(30522, 384), embedding=True)  # 11,720,448 elements: the largest tensor
 MATRIX = Param(shape=(1536, 384))
@@ -262,7 +262,7 @@ def test_the_uncalibrated_band_comes_from_its_own_column():
 
 
 def test_calibrations_round_trip_through_their_json_file(tmp_path, monkeypatch):
-    import optbench.calibration as store
+    import optbench.memory.calibration as store
 
     monkeypatch.setattr(store, "CALIBRATION_DIR", tmp_path)
     band = ErrorBand(device_kind="cpu", trials=3, median_abs_error=0.1, worst_abs_error=0.2, worst_under=0.15,

@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from optbench import estimate as est
 from optbench.__main__ import main
-from optbench.recommend import recommend, render
-from optbench.results import Record
+from optbench.memory import estimate as est
+from optbench.memory.recommend import recommend, render
+from optbench.records.record import Record
 
 MIB = 2**20
 SIZE = est.size_from_count(10_000_000)

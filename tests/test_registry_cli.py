@@ -2,9 +2,10 @@
 
 import pytest
 
-from optbench import __main__ as cli
-from optbench import optimizers, planner
-from optbench.plan import PRESETS
+from optbench import optimizers
+from optbench.cli import main as cli
+from optbench.job import planner
+from optbench.job.spec import PRESETS
 
 
 def test_list_shows_every_entry_with_alias_lr_range_install_and_availability(capsys):

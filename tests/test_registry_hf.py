@@ -7,7 +7,7 @@ import torch
 import transformers
 
 from optbench import optimizers
-from optbench.measure import optimizer_state_bytes
+from optbench.probes.measure import optimizer_state_bytes
 from optbench.workloads import tiny_bert_config
 
 bnb = pytest.importorskip("bitsandbytes")

@@ -8,8 +8,8 @@ import sys
 import pandas as pd
 import pytest
 
-from optbench.report import render_terminal, summarize, trials_frame, write_report
-from optbench.results import Record
+from optbench.records.record import Record
+from optbench.report.render import render_terminal, summarize, trials_frame, write_report
 
 MIB = 2**20
 JOB = dict(model="m", dataset="d", device="cpu", steps=10, batch_size=4, seq_len=8, workload="w")
@@ -180,7 +180,7 @@ def test_min_metric_target_and_one_seed_interval():
     assert summary.loc["adafactor", "verdict_vs_adamw"] == "inconclusive (one seed: no interval)"
     assert summary.loc["adafactor", "delta_vs_adamw"] == pytest.approx(50.0)  # +50 % perplexity
     assert summary.loc["adamw", "eval_target_ci"] is None or pd.isna(summary.loc["adamw", "eval_target_ci"])
-    from optbench.report import render_markdown
+    from optbench.report.render import render_markdown
 
     markdown = render_markdown(summarize(frame))
     assert "eval perplexity" in markdown and "20.0000 ± n/a" in markdown
@@ -238,7 +238,7 @@ def test_html_verdict_uses_the_verdict_words(tmp_path):
 
 
 def test_importing_the_report_loads_neither_torch_nor_matplotlib():
-    code = ("import sys, optbench.report, optbench.compare, optbench.recommend; "
+    code = ("import sys, optbench.report.render, optbench.report.compare, optbench.memory.recommend; "
             "print(sorted(m for m in ('torch', 'matplotlib', 'transformers') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from optbench.results import (
+from optbench.records.record import (
     Record,
     ResultsFileError,
     append_record,

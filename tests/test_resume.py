@@ -11,11 +11,11 @@ import transformers
 from _tiny import TINY
 
 from optbench import optimizers
-from optbench.engines import resume
-from optbench.plan import TrialSpec
-from optbench.results import Record
-from optbench.schedules import make_scheduler
-from optbench.trial import run_trial
+from optbench.job.spec import TrialSpec
+from optbench.records.record import Record
+from optbench.trial.engines import resume
+from optbench.trial.run import run_trial
+from optbench.trial.schedules import make_scheduler
 from optbench.workloads import tiny_bert_config
 
 

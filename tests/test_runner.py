@@ -9,10 +9,10 @@ import sys
 import pytest
 from _tiny import TINY
 
-from optbench.plan import TrialSpec, build_grid
-from optbench.process import LocalExecutor, SubmititExecutor, run_sweep
-from optbench.process.runner import run_in_subprocess, slot_count
-from optbench.results import Record, read_records
+from optbench.job.spec import TrialSpec, build_grid
+from optbench.records.record import Record, read_records
+from optbench.sweep import LocalExecutor, SubmititExecutor, run_sweep
+from optbench.sweep.runner import run_in_subprocess, slot_count
 
 
 def test_resume_skips_trials_already_ok(tmp_path):
@@ -124,5 +124,5 @@ def test_parallel_trials_launch_through_torchrun(tmp_path, monkeypatch):
     monkeypatch.setattr(subprocess, "Popen", FakePopen)
     record = LocalExecutor(echo=False).run(TrialSpec(optimizer="adamw", parallel="ddp", nproc=2, **TINY), {})
     assert launched[0][1:] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                               "-m", "optbench.process.child", "rank", launched[0][-2], launched[0][-1]]
+                               "-m", "optbench.sweep.child", "rank", launched[0][-2], launched[0][-1]]
     assert record.status == "error" and "exited with code 1" in record.error

@@ -2,10 +2,12 @@
 
 import pytest
 
-from optbench import optimizers, scaling
+from optbench import optimizers
 from optbench.__main__ import main
-from optbench.plan import TrialSpec
-from optbench.results import Record, read_records
+from optbench.job.spec import TrialSpec
+from optbench.records.record import Record, read_records
+from optbench.report import scaling
+from optbench.workflows.scaling import across_widths
 
 # Two steps are enough: the state is complete after the first. 1.0 M to 4.3 M parameters.
 WIDTHS = (32, 64, 128)
@@ -76,11 +78,11 @@ def test_fit_skips_failed_trials_and_takes_the_median_over_seeds():
 
 
 def test_across_widths_orders_small_first_and_rejects_bad_widths():
-    specs = scaling.across_widths([TrialSpec(optimizer="adamw"), TrialSpec(optimizer="adafactor")], (128, 32))
+    specs = across_widths([TrialSpec(optimizer="adamw"), TrialSpec(optimizer="adafactor")], (128, 32))
     assert [(s.workload_options["hidden_size"], s.optimizer) for s in specs] == [
         (32, "adamw"), (32, "adafactor"), (128, "adamw"), (128, "adafactor")]
     with pytest.raises(ValueError, match="multiple of 32"):
-        scaling.across_widths([TrialSpec(optimizer="adamw")], (32, 100))
+        across_widths([TrialSpec(optimizer="adamw")], (32, 100))
 
 
 def test_cli_scale_sweeps_every_width_and_prints_the_fit(scaled, capsys):

@@ -12,9 +12,7 @@ import torch
 import transformers
 
 from optbench import optimizers
-from optbench.measure import optimizer_state_bytes
-from optbench.optimizers import Param
-from optbench.statemap import (
+from optbench.memory.statemap import (
     SHARED,
     ExplainError,
     StateRow,
@@ -28,6 +26,8 @@ from optbench.statemap import (
     render_explain,
     write_state_map,
 )
+from optbench.optimizers import Param
+from optbench.probes.measure import optimizer_state_bytes
 from optbench.workloads import minilm_path, tiny_bert_config
 
 ALL = list(optimizers.REGISTRY.values())

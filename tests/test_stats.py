@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from optbench import stats
-from optbench.results import Record
+from optbench.records.record import Record
+from optbench.report import stats
 
 
 @pytest.mark.parametrize(("n", "expected"), [(2, 12.7062), (3, 4.3027), (5, 2.7764), (11, 2.2281)])

@@ -6,10 +6,12 @@ import math
 
 import pytest
 
-from optbench import optimizers, stats, study
+from optbench import optimizers
 from optbench.__main__ import main
-from optbench.plan import StudyBudget, TrialSpec
-from optbench.results import Record, read_records
+from optbench.job.spec import StudyBudget, TrialSpec
+from optbench.records.record import Record, read_records
+from optbench.report import stats
+from optbench.workflows import study
 
 SETTINGS = dict(workload="tiny", steps=6, warmup_steps=1, batch_size=4, seq_len=16, eval_size=32, device="cpu",
                 eval_every=2)
@@ -161,7 +163,8 @@ def test_a_walk_starts_at_the_registry_default_where_the_grid_holds_it():
                                   ["study", "--optimizers", "nope"], ["study", "--seeds", ","],
                                   ["study", "--tune-seeds", ","], ["study", "--schedule", "step"]])
 def test_study_bad_input_is_one_line_and_exit_2(argv, capsys, tmp_path, monkeypatch):
-    monkeypatch.setattr("optbench.study.run_study", lambda *a, **k: pytest.fail("bad input reached the trials"))
+    monkeypatch.setattr("optbench.workflows.study.run_study",
+                        lambda *a, **k: pytest.fail("bad input reached the trials"))
     assert main(argv + ["--out", str(tmp_path / "r.jsonl")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("optbench: error:") and err.count("\n") == 1

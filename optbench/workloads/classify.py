@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from optbench import data
+from optbench.workloads import data
 from optbench.workloads.base import (
     Built,
     Split,
@@ -30,7 +30,7 @@ from optbench.workloads.base import (
 )
 
 if TYPE_CHECKING:
-    from optbench.plan import TrialSpec
+    from optbench.job.spec import TrialSpec
 
 TINY_HIDDEN_SIZE = 64
 

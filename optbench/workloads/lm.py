@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from optbench import data
+from optbench.workloads import data
 from optbench.workloads.base import (
     Built,
     Split,
@@ -31,7 +31,7 @@ from optbench.workloads.base import (
 )
 
 if TYPE_CHECKING:
-    from optbench.plan import TrialSpec
+    from optbench.job.spec import TrialSpec
 
 # ~19 M parameters: big enough that state bytes dominate the step like they do in real LMs, small enough
 # for a 2-core CPU; heads of 64 dims, SwiGLU width about 2.7x hidden as in Llama.

@@ -1,0 +1,66 @@
+"""The command line: `python -m optbench run | study | list | report | compare | nightly | estimate | recommend |
+explain | fit`. Each command is one module of this folder that takes the parsed flags, calls the package that
+knows, prints, and returns an exit status from the one table (optbench/records/exits.py). This module parses,
+dispatches, and turns the errors every command shares into that table's codes: bad input -> 2 (one line on
+stderr, never a traceback), a results file that stops taking records -> 4, SIGINT / SIGTERM -> 130 / 143 after
+the trials finished so far were recorded. torch and friends are imported only by the commands that need them, so
+`list` and `report` start fast.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from typing import NoReturn
+
+from optbench.cli import nightly, report, run, sizing, study
+from optbench.cli.options import UsageError, build_parser
+from optbench.job.planner import PlanError
+from optbench.records import exits
+from optbench.sweep.runner import ResultsWriteError
+
+COMMANDS = {"run": run.run_command, "study": study.study_command, "report": report.report_command,
+            "compare": report.compare_command, "nightly": nightly.nightly_command, **sizing.COMMANDS}
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler's or CI's cancel, `timeout`), taken down the same path as Ctrl-C: the running
+    trial's process group is killed, what was recorded stays, and the exit status says which signal."""
+
+
+def _terminate(signum: int, frame: object) -> NoReturn:
+    raise Terminated()
+
+
+def _install_signal_handlers() -> dict[int, object]:
+    """Our own SIGINT and SIGTERM handlers. A process started in the background by a script inherits SIGINT
+    *ignored*, and Python then installs no KeyboardInterrupt handler: `kill -INT` must stop a sweep however it
+    was started, so SIGINT gets Python's default handler explicitly."""
+    try:
+        return {signal.SIGTERM: signal.signal(signal.SIGTERM, _terminate),
+                signal.SIGINT: signal.signal(signal.SIGINT, signal.default_int_handler)}
+    except ValueError:  # not the main thread: leave signals to whoever owns it
+        return {}
+
+
+def main(argv: list[str] | None = None) -> int:
+    previous = _install_signal_handlers()
+    try:
+        args = build_parser().parse_args(argv)
+        return COMMANDS[args.command](args)
+    except (UsageError, PlanError) as exc:
+        print(f"optbench: error: {exc}", file=sys.stderr)
+        return exits.USAGE
+    except KeyboardInterrupt as exc:
+        recorded = getattr(exc, "recorded", 0)
+        terminated = isinstance(exc, Terminated) or isinstance(exc.__context__, Terminated)
+        print(f"optbench: {'terminated' if terminated else 'interrupted'}: {recorded} trials recorded, rerun the "
+              "same command to resume", file=sys.stderr)
+        return exits.TERMINATED if terminated else exits.INTERRUPTED
+    except ResultsWriteError as exc:  # the results file stopped taking records (disk full, ...)
+        print(f"optbench: error: {exc.strerror or exc}; free space or pick another --out, then rerun to resume",
+              file=sys.stderr)
+        return exits.WRITE_FAILED
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

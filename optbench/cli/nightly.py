@@ -1,0 +1,35 @@
+"""`optbench nightly`: one night of benchmarking (optbench/workflows/nightly.py runs it; this module builds its
+configuration from the flags and turns the night into an exit status)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from optbench.cli.options import UsageError, job_argv
+from optbench.cli.report import with_overrides
+from optbench.records import exits
+
+
+def nightly_command(args: argparse.Namespace) -> int:
+    from optbench.job import planner
+    from optbench.workflows import nightly
+
+    names = tuple(planner.resolve_names(args.optimizers)) if args.optimizers else ()
+    limits = with_overrides(nightly.thresholds_for(args.device), args)
+    config = nightly.NightConfig(device=args.device, preset=args.preset, baseline=args.baseline, out=args.out,
+                                 thresholds=limits, optimizers=names, job_argv=tuple(job_argv(args)),
+                                 strict_env=args.strict_env, accept=args.accept)
+    try:
+        night = nightly.run_night(config)
+    except nightly.NightlyError as exc:
+        raise UsageError(str(exc)) from None
+    print((args.out / "summary.md").read_text(encoding="utf-8"))
+    if night.trial_failures:
+        print(f"optbench: the sweep had {night.trial_failures} trial(s) ending error/timeout; baseline kept",
+              file=sys.stderr)
+        return exits.TRIAL_FAILED
+    if night.clean or args.accept:
+        return exits.OK
+    print(f"optbench: {len(night.regressions)} regression(s); baseline kept", file=sys.stderr)
+    return exits.REGRESSION

@@ -1,0 +1,353 @@
+"""The command line's parser: every command's flags, the job flags shared by run, study and nightly, and the
+argument types that turn bad input into one line (argparse's usage block would bury it).
+
+Only parsing lives here; what the flags mean is optbench/job/planner.py's (job flags) and each command's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import NoReturn
+
+from optbench import optimizers
+from optbench.job.spec import PRECISIONS, PRESETS, SCHEDULES
+from optbench.trial.engines import ENGINES
+from optbench.trial.engines.parallel import MODES as PARALLEL_MODES
+
+
+class UsageError(Exception):
+    """Bad input from the user: reported as one line, exit code 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line instead of argparse's usage block
+        raise UsageError(message)
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got '{text}'") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    return value
+
+
+def _number(text: str, rule: str, ok: Callable[[float], bool]) -> float:
+    """A float that passes `ok`; otherwise argparse's error says `rule` ("a positive finite number", ...)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got '{text}'") from None
+    if not ok(value):
+        raise argparse.ArgumentTypeError(f"must be {rule}, got {text}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    return _number(text, "a positive finite number", lambda v: 0 < v < math.inf)
+
+
+def finite_float(text: str) -> float:
+    return _number(text, "a finite number", math.isfinite)
+
+
+def threshold(text: str) -> float:
+    """A threshold: '10%', '10' and '10 %' all read as 10 (the unit is in the option's name)."""
+    return _number(text.strip().removesuffix("%").strip(), "a finite number >= 0", lambda v: 0 <= v < math.inf)
+
+
+def int_list(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got '{text}'") from None
+
+
+def name_list(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def float_list(text: str) -> list[float]:
+    values = [positive_float(part) for part in text.split(",") if part.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive numbers, got '{text}'")
+    return values
+
+
+def param_count(text: str) -> int:
+    from optbench.memory.estimate import EstimateError, parse_count
+
+    try:
+        return parse_count(text)
+    except EstimateError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def memory_size(text: str) -> int:
+    from optbench.memory.estimate import EstimateError, parse_bytes
+
+    try:
+        return parse_bytes(text)
+    except EstimateError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def load_records(files: list[Path]) -> list:
+    """Every record in the results files or pytest-benchmark JSON named on the command line; a file that is not one
+    is a usage error (one line), a skipped torn line a warning on stderr."""
+    from optbench.records.benchjson import BenchmarkJsonError, is_benchmark_path, read_benchmark_records
+    from optbench.records.record import ResultsFileError, read_records
+
+    records = []
+    for path in files:
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                records.extend(read_benchmark_records(path) if is_benchmark_path(path) else read_records(path))
+            for warning in caught:
+                print(f"optbench: warning: {warning.message}", file=sys.stderr)
+        except (ResultsFileError, BenchmarkJsonError, UnicodeDecodeError) as exc:
+            raise UsageError(str(exc)) from None
+    return records
+
+
+def add_job_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags that define the job and where it runs (planner.JOB_FLAGS): the same for run, study and nightly."""
+    _add_job_definition(parser.add_argument_group("the job (defaults: the preset's)"))
+    _add_placement(parser.add_argument_group("where it runs"))
+
+
+def _add_job_definition(job) -> None:
+    job.add_argument("--workload", help="minilm (pretrained BERT classifier, default), lm (causal LM from scratch) "
+                                        "or tiny (random-init BERT, for tests); see optbench.workloads")
+    job.add_argument("--workload-option", action="append", metavar="KEY=VALUE",
+                     help="a workload parameter, e.g. hidden_size=128 for tiny (repeatable)")
+    job.add_argument("--model", help="HF model id or local folder, instead of the workload's model")
+    job.add_argument("--dataset", help="HF dataset name[:config] or a local .csv/.json/.jsonl/.parquet")
+    job.add_argument("--text-column", default="text")
+    job.add_argument("--label-column", default="label")
+    job.add_argument("--steps", type=positive_int)
+    job.add_argument("--warmup-steps", type=int, help="steps kept out of the timing medians (and lr warm-up)")
+    job.add_argument("--batch-size", type=positive_int)
+    job.add_argument("--seq-len", type=positive_int)
+    job.add_argument("--eval-size", type=positive_int)
+    job.add_argument("--eval-every", type=positive_int,
+                     help="evaluate a fixed eval subset every K steps (untimed): eval curve and time to target")
+    job.add_argument("--target", type=finite_float,
+                     help="time-to-target threshold on the workload's target metric (e.g. 0.9 accuracy)")
+    job.add_argument("--lr", type=positive_float, help="one lr for all (default: each optimizer's own)")
+    job.add_argument("--schedule", choices=SCHEDULES, default="linear",
+                     help="lr after the warm-up: linear decay to 0 (HF Trainer's default), constant, cosine or wsd")
+    job.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                     help="fp32 | bf16-autocast | fp16-autocast | bf16 (bf16 weights and grads, no fp32 master)")
+    job.add_argument("--engine", choices=ENGINES, default="native",
+                     help="training loop: native (optbench's own), trainer (HF Trainer) or accelerate")
+    job.add_argument("--parallel", choices=("none", *PARALLEL_MODES), default="none",
+                     help="data-parallel mode across --nproc processes (torchrun): ddp, zero1 (state sharded) or "
+                          "fsdp2 (weights, grads and state sharded)")
+    job.add_argument("--nproc", type=positive_int, help="processes (ranks) for --parallel (default 2)")
+    job.add_argument("--optimizer-kwargs", action="append", default=[], metavar="NAME=JSON",
+                     help="extra constructor kwargs for one optimizer, e.g. 'adamw8bit={\"betas\": [0.9, 0.95]}' "
+                          "(repeatable)")
+    job.add_argument("--fidelity", action="store_true",
+                     help="also step a shadow fp32 AdamW; record update cosine / rel. error (inflates memory)")
+    job.add_argument("--resume-check", action="store_true",
+                     help="save a checkpoint at the middle step, resume in fresh objects, compare with the "
+                          "uninterrupted run: checkpoint MiB, save/load s, resume status (native: torch.save, "
+                          "--parallel: torch.distributed.checkpoint, --engine trainer: Trainer's own checkpoint)")
+
+
+def _add_placement(where) -> None:
+    where.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    where.add_argument("--timeout", type=positive_float, help="seconds per trial before it is killed")
+    where.add_argument("--max-memory", type=memory_size, metavar="SIZE",
+                       help="cap on the memory each trial adds (RLIMIT_AS; on CUDA the allocator's share of the "
+                            "GPU), e.g. 8GiB: past it the trial is `oom`")
+    where.add_argument("--jobs", type=positive_int, default=1,
+                       help="trials at once: one GPU each on CUDA; on CPU the cores are shared (timings interfere)")
+    where.add_argument("--executor", choices=["local", "slurm"], default="local",
+                       help="local processes, or one slurm job per trial through submitit (pip install submitit)")
+    where.add_argument("--allow-errors", action="store_true",
+                       help="exit 0 even when a trial ended `error` or `timeout` (default: exit 3)")
+
+
+def add_optimizer_arguments(parser: argparse.ArgumentParser, preset_default: str, preset_help: str) -> None:
+    parser.add_argument("--preset", choices=sorted(PRESETS), default=preset_default, help=preset_help)
+    parser.add_argument("--optimizers", type=name_list, default=list(optimizers.DEFAULT_OPTIMIZERS),
+                        help="comma-separated registry names or HF Trainer aliases (see `optbench list`), "
+                             "or 'all' for every entry available here")
+    parser.add_argument("--seeds", type=int_list, help="comma-separated seeds, e.g. 0,1,2")
+    parser.add_argument("--out", type=Path, help="results file (default: results/<preset>.jsonl); resumed if present")
+    parser.add_argument("--no-figures", action="store_true",
+                        help="write the report's tables only, without the PNG figures (a few seconds faster)")
+    parser.add_argument("--state-map", action="store_true",
+                        help="also write each trial's measured per-parameter state map (CSV) beside the results, "
+                             "in <out without .jsonl>/state-maps/")
+    parser.add_argument("--margin", type=positive_float,
+                        help="the difference that matters vs adamw: points for accuracy-like metrics (default 1), "
+                             "%% for perplexity or loss (default 2); verdicts say equivalent, non-inferior, better, "
+                             "worse or inconclusive against it")
+
+
+def _add_peak_arguments(parser: argparse.ArgumentParser) -> None:
+    """With a batch size and sequence length, estimate and recommend predict the peak (optbench.memory.predict)."""
+    parser.add_argument("--batch-size", type=positive_int, help="with --seq-len and --model: predict the peak")
+    parser.add_argument("--seq-len", type=positive_int, help="with --batch-size and --model: predict the peak")
+    parser.add_argument("--device-kind", choices=["cuda", "cpu"], default="cuda",
+                        help="what the peak is predicted for: CUDA allocated memory or CPU training memory")
+
+
+def add_threshold_arguments(parser: argparse.ArgumentParser) -> None:
+    """compare's and nightly's thresholds; unset: the device's calibrated values (docs/benchmarks.md)."""
+    parser.add_argument("--max-slowdown", type=threshold, metavar="PCT",
+                        help="step or optimizer-step time growth allowed, in %% (default: the device's calibrated "
+                             "value; docs/benchmarks.md)")
+    parser.add_argument("--max-memory-growth", type=threshold, metavar="PCT",
+                        help="peak-memory or state growth allowed, in %% (default: calibrated)")
+    parser.add_argument("--max-accuracy-drop", type=threshold, metavar="PTS",
+                        help="drop allowed in an accuracy-like metric, in percentage points (default 1.0)")
+    parser.add_argument("--max-metric-worsening", type=threshold, metavar="PCT",
+                        help="worsening allowed in perplexity or loss, in %% (default 2)")
+    parser.add_argument("--min-peak-growth", type=threshold, metavar="MIB",
+                        help="a peak must also grow by more than this many MiB (default: 64 on CPU, its RSS "
+                             "jitter; 0 on CUDA)")
+    parser.add_argument("--strict-env", action="store_true",
+                        help="refuse (exit 2) runs whose environments differ (machine, versions, threads) instead "
+                             "of warning")
+
+
+def job_argv(args: argparse.Namespace) -> list[str]:
+    """The job flags of `args` that differ from their defaults, back as command-line words: what `nightly` hands
+    to the `optbench run` it starts (one source for both: the parser's own actions)."""
+    reference = Parser()
+    add_job_arguments(reference)
+    words: list[str] = []
+    for action in reference._actions:
+        if not action.option_strings or action.dest == "help":
+            continue
+        value = getattr(args, action.dest, action.default)
+        if value == action.default or value is None:
+            continue
+        flag = action.option_strings[0]
+        if action.nargs == 0:  # store_true
+            words.append(flag)
+        elif isinstance(value, list):  # append actions (the parsed values are the raw words)
+            words += [word for item in value for word in (flag, str(item))]
+        else:  # a memory size parsed to bytes goes back with its unit
+            words += [flag, f"{value}B" if action.type is memory_size else str(value)]
+    return words
+
+
+# -- the commands ------------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog="optbench", description="Which optimizer fits my memory budget, at what cost?")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    run = commands.add_parser("run", help="run the fine-tuning job once per optimizer x seed")
+    add_optimizer_arguments(run, "default", "job size (smoke: seconds per optimizer; default: ~1.5 min per "
+                                                    "optimizer on CPU)")
+    add_job_arguments(run)
+    run.add_argument("--scale", action="store_true",
+                     help="scaling sweep: tiny BERT at several widths, few steps; fits state bytes vs params "
+                          "(default out: results/scaling.jsonl, writes scaling.png beside it)")
+    run.add_argument("--widths", type=int_list, help="with --scale: hidden widths (default 32,64,128,256,512)")
+    study = commands.add_parser("study", help="tune each optimizer's lr on a validation split, then compare them at "
+                                              "their best lr over several seeds")
+    add_optimizer_arguments(study, "study", "job size (study: ~30 min for 3 optimizers on 2 CPU cores; "
+                                                    "smoke: <= 3 min)")
+    add_job_arguments(study)
+    study.add_argument("--lr-grid", type=float_list, help="one lr grid for all, e.g. 1e-5,3e-5,1e-4 "
+                                                                  "(default: each optimizer's registry grid)")
+    study.add_argument("--lr-points", type=positive_int, help="points of each registry grid")
+    study.add_argument("--tune-seeds", type=int_list, help="seeds of the tune stage (default 0)")
+    study.add_argument("--tune-search", choices=["walk", "grid"],
+                       help="walk: from the default lr, up then down while within the noise of the best (default); "
+                            "grid: every point, all at once (parallel jobs, a full lr-sensitivity curve)")
+    commands.add_parser("list", help="registered optimizers: availability, precision, state bytes/param")
+    _add_report_parser(commands)
+    _add_compare_parsers(commands)
+    _add_memory_parsers(commands)
+    return parser
+
+
+def _add_report_parser(commands) -> None:
+    report = commands.add_parser("report", help="tabulate results files (default: results/*.jsonl)")
+    report.add_argument("files", nargs="*", type=Path)
+    report.add_argument("--out-dir", type=Path, default=Path("results"),
+                        help="where report.md, summary.csv and the PNG figures go (default: results/)")
+    report.add_argument("--format", choices=["md", "csv", "json", "html"], default="md",
+                        help="what is printed (md default); html also writes report.html with the figures")
+    report.add_argument("--margin", type=positive_float, help="the difference that matters (see run)")
+
+
+def _add_compare_parsers(commands) -> None:
+    compare = commands.add_parser("compare", help="BASE vs NEW per optimizer and job; exit 1 on a regression")
+    for name in ("base", "new"):
+        compare.add_argument(name, type=Path, help="results .jsonl, pytest-benchmark .json, or a folder of .json")
+    add_threshold_arguments(compare)
+    compare.add_argument("--export-github-benchmark", type=Path, metavar="FILE",
+                         help="write NEW's numbers for github-action-benchmark: FILE (customSmallerIsBetter) and "
+                              "FILE-accuracy (customBiggerIsBetter)")
+    nightly = commands.add_parser("nightly", help="one night: benchmark suite, sweep, reports, compare with "
+                                                  "BASELINE (rotated only when clean); exit 1 on a regression")
+    nightly.add_argument("--preset", choices=["smoke", "nightly"], default="nightly",
+                         help="size of the sweep and of the benchmark suite (default nightly)")
+    nightly.add_argument("--baseline", type=Path, required=True,
+                         help="folder with the last clean night; empty or absent: this night becomes it")
+    nightly.add_argument("--out", type=Path, required=True, help="folder for this night's results and summary.md")
+    nightly.add_argument("--optimizers", type=name_list,
+                         help="a subset (default: the sweep's set, the whole suite)")
+    nightly.add_argument("--accept", action="store_true",
+                         help="an intended change: report the comparison, then make this night the baseline")
+    add_job_arguments(nightly)
+    nightly.set_defaults(device="cuda")
+    add_threshold_arguments(nightly)
+
+
+def _add_memory_parsers(commands) -> None:
+    estimate = commands.add_parser("estimate", help="weights + grads + optimizer state memory, before running")
+    size = estimate.add_mutually_exclusive_group(required=True)
+    size.add_argument("--params", type=param_count, help="parameter count: 65783042, 7e9 or 7B")
+    size.add_argument("--model", help="local model folder or HF id: counted from its config on the meta device")
+    estimate.add_argument("--num-labels", type=positive_int,
+                          help="with --model: add a sequence-classification head with this many classes")
+    estimate.add_argument("--results", type=Path, help="results file: use its measured state bytes/param")
+    estimate.add_argument("--gpus", type=positive_int, default=1,
+                          help="data-parallel GPUs; >1 adds ZeRO-1/2/3 columns")
+    estimate.add_argument("--gpu-memory", type=memory_size, help="memory per GPU, e.g. 80GiB: what fits")
+    estimate.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                          help="training precision: bf16 means 2-byte weights and grads (autocast keeps fp32 ones)")
+    _add_peak_arguments(estimate)
+    recommend = commands.add_parser("recommend", help="which optimizers fit a memory budget, best trade-offs first")
+    size = recommend.add_mutually_exclusive_group(required=True)
+    size.add_argument("--params", type=param_count, help="parameter count: 65783042, 7e9 or 7B")
+    size.add_argument("--model", help="local model folder or HF id: counted from its config on the meta device")
+    recommend.add_argument("--gpu-memory", type=memory_size, required=True, help="memory per GPU, e.g. 24GiB")
+    recommend.add_argument("--results", type=Path,
+                           help="results file: adds the activation overhead and accuracy measured there")
+    recommend.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                           help="training precision (bf16: 2-byte weights, grads and state)")
+    _add_peak_arguments(recommend)
+    fit = commands.add_parser("fit", help="the largest batch (or sequence) each optimizer fits in a memory budget: "
+                                          "predicted, then confirmed by short trials; samples/s at that size")
+    fit.add_argument("--memory", type=memory_size, required=True, metavar="SIZE", help="the budget, e.g. 1.5GiB")
+    fit.add_argument("--optimizers", type=name_list, default=list(optimizers.DEFAULT_OPTIMIZERS))
+    fit.add_argument("--grow", choices=["batch", "seq"], default="batch", help="what grows to fill the budget")
+    fit.add_argument("--max-size", type=positive_int, help="the largest batch (or sequence length) to try")
+    fit.add_argument("--out", type=Path, default=Path("results") / "fit.jsonl",
+                     help="the confirming trials' records (resumed); the table and figure go beside it")
+    for flag, kind in (("--workload", str), ("--model", str), ("--batch-size", positive_int),
+                       ("--seq-len", positive_int), ("--device", str)):
+        fit.add_argument(flag, type=kind, help="the job (default: the MiniLM default job on CPU)")
+    fit.add_argument("--precision", choices=PRECISIONS, help="the job's training precision")
+    explain = commands.add_parser("explain", help="where an optimizer's state bytes go, parameter by parameter "
+                                                  "(no training: the analytic map on a meta-device model)")
+    explain.add_argument("optimizer", help="registry name or HF Trainer alias")
+    explain.add_argument("--workload", help="whose model: minilm (default) or lm")
+    explain.add_argument("--model", help="local model folder or HF id (read offline from its config)")

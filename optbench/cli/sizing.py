@@ -1,0 +1,104 @@
+"""The commands that answer before any training: `list` (the registry), `estimate` (weights + grads + state),
+`recommend` (what fits a budget, best trade-offs first), `explain` (where an optimizer's state bytes go) and
+`fit` (the largest batch each optimizer fits in a budget, predicted then confirmed). Each parses nothing itself:
+it takes the parsed arguments, calls the module that knows, prints, and returns the exit status."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from optbench.cli.options import UsageError, load_records
+
+EXIT_OK, EXIT_NOTHING_FITS = 0, 1
+
+
+def _load(path: Path) -> list:
+    return load_records([path])
+
+
+def estimate_command(args: argparse.Namespace) -> int:
+    from optbench.memory import estimate
+
+    if args.num_labels and args.params:
+        raise UsageError("--num-labels needs --model (a --params count already includes any head)")
+    try:
+        size = (estimate.size_from_count(args.params) if args.params
+                else estimate.size_from_model(args.model, args.num_labels))
+    except estimate.EstimateError as exc:
+        raise UsageError(str(exc)) from None
+    measured = estimate.measured_bytes_per_param(_load(args.results)) if args.results else None
+    rows = estimate.estimate(size, measured, args.precision, args.batch_size, args.seq_len, args.device_kind)
+    print(estimate.render(rows, size, args.gpus, args.gpu_memory))
+    return EXIT_OK
+
+
+def recommend_command(args: argparse.Namespace) -> int:
+    """Exit 0 when something fits, 1 when nothing does (the answer says what to try)."""
+    from optbench.memory import estimate, recommend
+
+    try:
+        size = estimate.size_from_count(args.params) if args.params else estimate.size_from_model(args.model)
+    except estimate.EstimateError as exc:
+        raise UsageError(str(exc)) from None
+    records = _load(args.results) if args.results else []
+    if args.results and not records:
+        raise UsageError(f"no records in {args.results}")
+    rows = recommend.recommend(size, args.gpu_memory, records, args.precision, args.batch_size, args.seq_len,
+                               args.device_kind)
+    print(recommend.render(rows, size, args.gpu_memory, args.precision, str(args.results) if args.results else None))
+    return EXIT_OK if any(r.fits for r in rows) else EXIT_NOTHING_FITS
+
+
+def explain_command(args: argparse.Namespace) -> int:
+    from optbench.memory import statemap
+
+    try:
+        print(statemap.explain(args.optimizer, workload=args.workload, model=args.model))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return EXIT_OK
+
+
+def list_command(_: argparse.Namespace) -> int:
+    from tabulate import tabulate
+
+    from optbench import optimizers
+
+    rows = []
+    for spec in optimizers.REGISTRY.values():
+        reason = spec.unavailable_reason()
+        low, high = spec.lr_range
+        rows.append([spec.name, spec.hf_alias or "-", spec.precision, f"{spec.nominal_bytes_per_param:.3f}",
+                     f"{spec.default_lr:g}", f"{low:g}-{high:g}", f'optbench[{spec.extra}]' if spec.extra else "core",
+                     "yes" if reason is None else f"no: {reason}"])
+    print(tabulate(rows, headers=["optimizer", "HF optim", "precision", "state B/param (1024x1024 fp32)",
+                                  "default lr", "lr range", "install", "available here"], tablefmt="github"))
+    print("\n" + optimizers.LIST_NOTES)
+    return EXIT_OK
+
+
+def fit_command(args: argparse.Namespace) -> int:
+    """Each optimizer at an equal memory budget: its largest batch (or sequence), confirmed by measurement."""
+    import dataclasses
+    import functools
+
+    from optbench.job import planner
+    from optbench.memory import fit
+    from optbench.sweep import run_sweep
+
+    names = planner.resolve_names(args.optimizers)
+    given = {"workload": args.workload, "model": args.model, "batch_size": args.batch_size, "seq_len": args.seq_len,
+             "device": args.device, "precision": args.precision}
+    job = dataclasses.replace(fit.default_job(), **{k: v for k, v in given.items() if v is not None})
+    if args.model and not args.workload:
+        job = dataclasses.replace(job, workload="custom")
+    result = fit.fit(args.memory, names, args.out, job=job, grow_by=args.grow, max_size=args.max_size,
+                     run=functools.partial(fit.run_probe, sweep=run_sweep))
+    print(fit.render(result))
+    print("wrote " + ", ".join(map(str, fit.save(result, args.out))))
+    return EXIT_OK
+
+
+COMMANDS = {"list": list_command, "estimate": estimate_command, "recommend": recommend_command,
+            "explain": explain_command, "fit": fit_command}

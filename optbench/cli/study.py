@@ -1,0 +1,40 @@
+"""`optbench study`: tune each optimizer's lr on a validation split, then compare them over seeds
+(optbench/workflows/study.py runs it; this module checks the input and prints)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from optbench.cli.options import UsageError, load_records
+from optbench.cli.sweeping import check_inputs, executor, exit_status, finish, job_flags, show
+
+
+def study_command(args: argparse.Namespace) -> int:
+    from optbench.job import planner
+    from optbench.job.spec import TrialSpec
+    from optbench.sweep.runner import record_skipped
+    from optbench.workflows.study import run_study
+
+    out = args.out or Path("results") / f"study-{args.preset}.jsonl"
+    plan = planner.plan_study(job_flags(args, out), args.preset, args.optimizers)
+    if out.exists() and not out.is_file():
+        raise UsageError(f"--out {out} is not a file")
+    specs = [TrialSpec(optimizer=name, **plan.settings) for name in plan.names] or [s for s, _ in plan.unavailable]
+    check_inputs(specs[0])
+    for spec, reason in plan.unavailable:
+        record_skipped(spec, reason, out, show)
+    if not plan.names:
+        raise UsageError("none of --optimizers can run here (see the skipped records)")
+    grids = {name: plan.lr_grid for name in plan.names} if plan.lr_grid else None
+    budget = plan.budget
+    points = len(plan.lr_grid) if plan.lr_grid else budget.lr_points
+    search = f"{points} lrs" if budget.search == "grid" else f"a walk over {points} lrs"
+    print(f"optbench: study of {', '.join(plan.names)}: {search} "
+          f"x tune seeds {','.join(map(str, budget.tune_seeds))} at {plan.settings['steps']} steps, then seeds "
+          f"{','.join(map(str, budget.seeds))} at the chosen lr -> {out}", file=sys.stderr)
+    run_study(plan.names, plan.settings, budget, out, grids=grids, kwargs=plan.optimizer_kwargs,
+              executor=executor(args, specs, out), jobs=args.jobs)
+    finish(args, out)
+    return exit_status(args, [r for r in load_records([out]) if r.optimizer in plan.names])

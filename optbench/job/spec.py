@@ -1,0 +1,135 @@
+"""Sweep planning: presets and the grid of trials. Pure data, no torch, so `plan` is instant and testable.
+
+A `TrialSpec` holds every setting that changes what a trial measures; its `trial_id` is a stable hash
+of those settings, which is how a re-run recognises (and skips) trials already recorded `ok`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Preset:
+    workload: str
+    steps: int
+    warmup_steps: int  # excluded from the timing medians; also the learning-rate warm-up length
+    batch_size: int
+    seq_len: int
+    eval_size: int
+    seeds: tuple[int, ...]
+    timeout_s: float
+
+
+PRESETS: dict[str, Preset] = {
+    # Seconds per optimizer on 2 CPU cores: enough steps to exercise every code path, not to learn much.
+    "smoke": Preset("minilm", steps=8, warmup_steps=2, batch_size=8, seq_len=32, eval_size=64,
+                    seeds=(0,), timeout_s=300),
+    # About a minute and a half per optimizer on 2 CPU cores; AdamW learns the task well but not perfectly.
+    "default": Preset("minilm", steps=100, warmup_steps=10, batch_size=16, seq_len=32, eval_size=512,
+                      seeds=(0,), timeout_s=900),
+    # `study`'s default: three optimizers walking three-lr grids at 150 steps (seed 0), then seeds 1-3 at the
+    # chosen lr, scored on the whole 1,000-row eval split, in under 30 minutes on 2 CPU cores (~0.4-0.9 s per
+    # step plus ~20 s per trial). 150 steps, not 100: at 100 the chosen lr has not settled, and AdamW's seeds
+    # spread several points; four seeds, not three: three left 8-bit AdamW's interval too wide to decide
+    # (docs/study.md).
+    "study": Preset("minilm", steps=150, warmup_steps=15, batch_size=16, seq_len=32, eval_size=1000,
+                    seeds=(0, 1, 2, 3), timeout_s=900),
+    # For GPUs: longer, larger batches, three seeds for error bars.
+    "nightly": Preset("minilm", steps=400, warmup_steps=40, batch_size=32, seq_len=64, eval_size=1000,
+                      seeds=(0, 1, 2), timeout_s=1800),
+}
+
+
+@dataclass(frozen=True)
+class StudyBudget:
+    """What `study` adds to a preset: the lr grid size, the tune seeds, the final seeds and the eval-curve interval.
+
+    The tune stage runs each optimizer's grid over `tune_seeds` on the finals' own job (same steps and schedule:
+    a shorter tune run favours large lrs), scored on a validation split carved from the training rows; the tune
+    trial at the chosen lr *is* that seed's final, so the final stage only adds the other `seeds`.
+    """
+
+    lr_points: int
+    eval_every: int
+    tune_seeds: tuple[int, ...] = (0,)
+    seeds: tuple[int, ...] = (0, 1, 2)
+    search: str = "walk"  # "walk" from the default lr (study.next_on_walk) or "grid": every point at once
+
+
+STUDY_BUDGETS: dict[str, StudyBudget] = {
+    # Under 3 minutes on 2 CPU cores: 3 optimizers x 2 lrs x 8 steps, then one more seed (two: the fewest with
+    # an interval).
+    "smoke": StudyBudget(lr_points=2, eval_every=4, seeds=(0, 1)),
+    # 3 optimizers walking 3 lrs at 150 steps, then seeds 1-3 at the chosen lr: under half an hour on 2 CPU cores.
+    "study": StudyBudget(lr_points=3, eval_every=25, seeds=(0, 1, 2, 3)),
+    "default": StudyBudget(lr_points=3, eval_every=20),
+    "nightly": StudyBudget(lr_points=5, eval_every=40, tune_seeds=(0, 1)),
+}
+
+
+PRECISIONS = ("fp32", "bf16-autocast", "fp16-autocast", "bf16")  # see optbench/trial/precision.py
+SCHEDULES = ("linear", "constant", "cosine", "wsd")  # see optbench/trial/schedules.py; linear is HF Trainer's default
+_NOT_IN_ID = ("timeout_s", "max_memory_bytes", "state_map_dir")
+_LATER_FIELDS = ("stage", "val_fraction", "precision", "eval_every", "target", "engine", "parallel", "nproc",
+                 "workload_options", "resume_check")
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    optimizer: str
+    workload: str = "minilm"
+    model: str | None = None  # HF id or local path overriding the workload's model
+    dataset: str | None = None  # HF `name[:config]` or a local csv/json/parquet file
+    text_column: str = "text"
+    label_column: str = "label"
+    seed: int = 0
+    device: str = "auto"
+    steps: int = 100
+    warmup_steps: int = 10
+    batch_size: int = 16
+    seq_len: int = 32
+    eval_size: int = 512
+    lr: float | None = None  # None: the registry's default learning rate for this optimizer
+    optimizer_kwargs: dict[str, Any] = field(default_factory=dict)
+    fidelity: bool = False  # also run a shadow fp32 AdamW and record update cosine / relative error
+    timeout_s: float = 900.0
+    # Added after schema 1: left out of trial_id while at their defaults, so older results still resume.
+    stage: str | None = None  # study trials ("tune" | "final") hold out a validation split; None: a plain run
+    val_fraction: float = 0.1  # share of the training rows held out as the validation split (tune stage)
+    precision: str = "fp32"  # fp32 | bf16-autocast | fp16-autocast | bf16
+    eval_every: int = 0  # evaluate a fixed eval subset every K steps (outside the timed intervals); 0: never
+    target: float | None = None  # time-to-target threshold on the workload's target metric
+    engine: str = "native"  # native | trainer | accelerate
+    parallel: str = "none"  # none | ddp | zero1 | fsdp2
+    nproc: int = 1  # processes (ranks) for a parallel mode
+    max_memory_bytes: int | None = None  # cap on the trial child's address space (RLIMIT_AS); not in trial_id
+    # Schema 2. `schedule` is always in the id: schema-1 trials ran at a constant lr and must not pass for these.
+    schedule: str = "linear"  # lr after the warm-up: linear decay to 0 (HF Trainer's default), constant, cosine, wsd
+    workload_options: dict[str, Any] = field(default_factory=dict)  # the workload's parameters, e.g. hidden_size
+    resume_check: bool = False  # save at the middle step, resume in fresh objects, compare (optbench/resume.py)
+    state_map_dir: str | None = None  # write the measured per-parameter state map (CSV) here; not in trial_id
+
+    @property
+    def trial_id(self) -> str:
+        """Stable hash of the settings that change the measurement (timeout and memory cap do not)."""
+        defaults = {f.name: f.default for f in dataclasses.fields(self) if f.name in _LATER_FIELDS}
+        data = {k: v for k, v in self.to_dict().items()
+                if k not in _NOT_IN_ID and not (k in defaults and v == defaults[k])}
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrialSpec:
+        return cls(**data)
+
+
+def build_grid(optimizers: list[str], seeds: list[int], **settings: Any) -> list[TrialSpec]:
+    """One trial per (seed, optimizer), seeds outermost so an interrupted sweep has every optimizer once."""
+    return [TrialSpec(optimizer=name, seed=seed, **settings) for seed in seeds for name in optimizers]

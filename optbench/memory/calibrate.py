@@ -1,0 +1,358 @@
+"""Fit the peak-memory predictor's calibration on a few measured trials, and measure its error on others.
+
+`calibrate(records)` fits, for one model on one device kind, the four figures `optbench.memory.predict` cannot
+count (activation bytes per token per layer, their seq² attention part, the share of activation pages
+still held at the optimizer step, a fixed overhead) by least squares on the relative error of the
+predicted peak, and records which trials and files it used. `validation_table(records, calibrations)`
+compares predicted with measured peaks trial by trial; `error_band` sums the held-out rows up into the
+band `estimate` prints and derives its safety margin from.
+
+    python -m optbench.memory.calibrate --calibrate-on CAL.jsonl --held-out HELD.jsonl --out-dir DIR
+
+fits on CAL, writes the calibration into the package (optbench/memory/<device>.json), then predicts
+every trial of HELD that was not calibrated on and writes DIR/held-out.md (+ .csv) and DIR/calibration.md;
+the held-out band goes into the package file too. Without --calibrate-on it only validates (e.g. the
+uncalibrated CUDA predictor on a GPU's trials: --device cuda).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import sys
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from optbench.memory import predict
+from optbench.memory.calibration import Calibration, CalibrationSet, ErrorBand, load_calibrations, save_calibrations
+from optbench.optimizers import UnknownOptimizerError, resolve
+from optbench.records.record import MIB, Record, read_records, split_peak_memory
+
+_FIT_STARTS = ((1.0, 1.0, 1.0, 64.0), (2.0, 1.0, 0.3, 64.0), (1.5, 1.0, 1.0, 0.0))  # (α, β, ρ, overhead MiB)
+_BOUNDS = ((0.05, 0.0, 0.0, -1024.0), (50.0, 200.0, 2.0, 4096.0))
+
+
+class CalibrationError(ValueError):
+    """Records that cannot calibrate (none usable, or several models mixed); the message says what to give."""
+
+
+def device_kind(record: Record) -> str:
+    return "cuda" if record.device.startswith("cuda") else "cpu"
+
+
+def measured_peak(record: Record) -> int | None:
+    """The figure the predictor targets: peak_memory_bytes on CPU (weights + peak RSS growth), the CUDA
+    allocator's peak on CUDA."""
+    split_peak_memory(record)
+    return record.peak_cuda_allocated_bytes if device_kind(record) == "cuda" else record.peak_memory_bytes
+
+
+def usable(record: Record) -> bool:
+    """An ok single-process trial of the plain loop whose peak holds nothing the predictor leaves out
+    (a shadow optimizer, a checkpoint, evaluations inside the memory window)."""
+    return (record.status == "ok" and record.parallel == "none" and not record.fidelity and not record.resume_check
+            and not record.eval_curve and measured_peak(record) is not None)
+
+
+def spec_for(record: Record) -> Any:
+    """The trial spec the predictor needs from a record: workload, model, options, dataset, the job's sizes."""
+    from optbench.job.spec import TrialSpec
+    from optbench.workloads import get_workload
+
+    spec = TrialSpec(optimizer=record.optimizer, workload=record.workload, dataset=None,
+                     workload_options=dict(record.workload_options), batch_size=record.batch_size,
+                     seq_len=record.seq_len, precision=record.precision, optimizer_kwargs=dict(record.optimizer_kwargs))
+    if record.model != get_workload(record.workload).model_name(spec):
+        spec = dataclasses.replace(spec, model=record.model)  # a `--model` run: the record names its source
+    return spec
+
+
+@dataclasses.dataclass(frozen=True)
+class _Point:
+    """One trial's counted parts and activation units: what the fit's residual is computed from."""
+
+    measured: float
+    fixed: float  # weights + state: held in both phases
+    step_extra: float  # gradients + the step's temporaries
+    units: tuple[float, float]  # (token·layers, sample·head·s²·layers)
+    library: str  # the optimizer's library: an overhead of its own when the trials allow
+    analytic: tuple[float, float]  # the analytic coefficients, the fit's starting point and scale
+    autocast: float
+
+
+def _point(record: Record) -> _Point:
+    facts = predict.facts_for_spec(spec_for(record))
+    kind = device_kind(record)
+    bare = _predicted(record, kind, None, CalibrationSet(kind))
+    params = facts.in_precision(record.precision)
+    grads = sum(p.nbytes for p in params)
+    assert facts.arch is not None
+    return _Point(measured=float(measured_peak(record)), fixed=float(bare.weights_bytes + bare.state_bytes),
+                  step_extra=float(grads + bare.temporaries_bytes),
+                  units=predict.activation_units(facts.arch, record.batch_size, record.seq_len),
+                  library=resolve(record.optimizer).library,
+                  analytic=predict.analytic_activation_coefficients(facts.arch, record.precision, kind),
+                  autocast=float(predict.autocast_weight_copies(params, record.precision)))
+
+
+def _coefficients(x: Sequence[float], point: _Point) -> tuple[float, float, float, float]:
+    """(bytes per token·layer, bytes per s²·layer, retained share, overhead bytes) from the fit's unknowns,
+    which are scaled to order one: α and β multiply the analytic coefficients (β a byte when those are 0)."""
+    return x[0] * point.analytic[0], x[1] * (point.analytic[1] or 1.0), x[2], x[3] * MIB
+
+
+def _peak(x: Sequence[float], point: _Point, libraries: Sequence[str]) -> float:
+    per_token, per_s2, retained, overhead = _coefficients(x, point)
+    if point.library in libraries:
+        overhead += x[4 + libraries.index(point.library)] * MIB
+    activations = per_token * point.units[0] + per_s2 * point.units[1] + point.autocast
+    return point.fixed + overhead + max(point.step_extra + retained * activations, activations)
+
+
+def offset_libraries(points: Sequence[_Point]) -> list[str]:
+    """The optimizer libraries that get an overhead of their own: each with two trials or more, but the most
+    tried one (torch when tied), whose overhead is the base every other library's is added to."""
+    counts = Counter(p.library for p in points)
+    reference = max(counts, key=lambda lib: (counts[lib], lib == "torch"))
+    return sorted(lib for lib, n in counts.items() if n >= 2 and lib != reference)
+
+
+def _free_parameters(n: int, offsets: int) -> list[int]:
+    """Which unknowns (α, β, ρ, overhead, then one overhead per offset library) the fit may move with n
+    trials: each library offset takes one trial, then all four from six trials left; fewer fix the seq² part
+    at the analytic ratio (β = 1), then the retained share at 1, then the activations' scale."""
+    left = n - offsets
+    base = [0, 1, 2, 3] if left >= 6 else [0, 2, 3] if left >= 4 else [0, 3] if left >= 2 else [3]
+    return base + list(range(4, 4 + offsets))
+
+
+def _fit(points: list[_Point]) -> tuple[list[float], list[float], list[str]]:
+    """Least squares on the relative error of the predicted peak, from a few starts (the max() of the two
+    phases makes the cost piecewise): the unknowns, the relative errors at the best fit and the libraries
+    with an overhead of their own (dropped when the trials are too few to afford them)."""
+    import numpy as np
+    from scipy.optimize import least_squares
+
+    libraries = offset_libraries(points)
+    if len(points) - len(libraries) < 4:
+        libraries = []
+    free = _free_parameters(len(points), len(libraries))
+    lower = [(_BOUNDS[0] + (-1024.0,) * len(libraries))[i] for i in free]
+    upper = [(_BOUNDS[1] + (4096.0,) * len(libraries))[i] for i in free]
+    best = None
+    for base in _FIT_STARTS:
+        start = list(base) + [0.0] * len(libraries)
+
+        def residuals(values, start=start):
+            x = list(start)
+            for index, value in zip(free, values, strict=True):
+                x[index] = value
+            return np.array([_peak(x, p, libraries) / p.measured - 1.0 for p in points])
+
+        result = least_squares(residuals, [start[i] for i in free], bounds=(lower, upper))
+        if best is None or result.cost < best[0]:
+            x = list(start)
+            for index, value in zip(free, result.x, strict=True):
+                x[index] = float(value)
+            best = (result.cost, x, [float(r) for r in result.fun])
+    assert best is not None
+    return best[1], best[2], libraries
+
+
+def calibrate(records: Iterable[Record], sources: Sequence[str] = ()) -> Calibration:
+    """One model's calibration on one device kind from its usable records (ok, single process, one precision
+    throughout). Eight trials or so, varied in batch size, sequence length and optimizer library (two of each
+    library to give it its own overhead), pin every figure; fewer fix some (`_free_parameters`)."""
+    chosen = [r for r in records if usable(r)]
+    groups = Counter((device_kind(r), r.model, r.precision) for r in chosen)
+    if len(groups) != 1:
+        found = ", ".join(f"{m} on {d} at {p}" for d, m, p in groups) or "no ok single-process trial"
+        raise CalibrationError(f"calibrate needs the trials of one model on one device kind at one precision, "
+                               f"found: {found}; use calibrate_all for several")
+    (kind, model, precision), _ = groups.popitem()
+    points = [_point(r) for r in chosen]
+    x, errors, libraries = _fit(points)
+    per_token, per_s2, retained, overhead = _coefficients(x, points[0])
+    env = chosen[0].env or {}
+    # rounded far below the fit's own error, so the file reads well and every reader predicts the same bytes
+    return Calibration(device_kind=kind, model=model, precision=precision, bytes_per_token_layer=round(per_token, 1),
+                       bytes_per_s2_layer=round(per_s2, 3), retained_fraction=round(retained, 4),
+                       overhead_bytes=round(overhead), token_scale=round(x[0], 4),
+                       library_overhead_bytes={lib: round(x[4 + i] * MIB) for i, lib in enumerate(libraries)},
+                       s2_scale=round(x[1], 4) if points[0].analytic[1] else None,
+                       trial_ids=tuple(r.trial_id for r in chosen), sources=tuple(sources),
+                       fit_median_abs_error=round(statistics.median(abs(e) for e in errors), 4),
+                       fit_worst_abs_error=round(max(abs(e) for e in errors), 4),
+                       machine=str(env.get("gpu") if kind == "cuda" else env.get("cpu_model") or env.get("cpu", "")))
+
+
+def calibrate_all(records: Iterable[Record], sources: Sequence[str] = ()) -> list[Calibration]:
+    """A calibration per (device kind, model) among the usable records, at each group's most common precision."""
+    groups: dict[tuple[str, str], list[Record]] = {}
+    for record in records:
+        if usable(record):
+            groups.setdefault((device_kind(record), record.model), []).append(record)
+    calibrations = []
+    for group in groups.values():
+        precision = Counter(r.precision for r in group).most_common(1)[0][0]
+        calibrations.append(calibrate([r for r in group if r.precision == precision], sources))
+    return calibrations
+
+
+def validation_table(records: Iterable[Record], calibrations: CalibrationSet | None = None) -> Any:
+    """Predicted against measured peak per usable record (a pandas DataFrame): the relative error
+    (predicted - measured) / measured, whether the trial was held out (not calibrated on), and the error the
+    uncalibrated predictor would make without this model's calibration (borrowing the other models' figures)."""
+    import pandas as pd
+
+    rows = []
+    for record in records:
+        if not usable(record):
+            continue
+        kind = device_kind(record)
+        found = calibrations if calibrations is not None and calibrations.device_kind == kind else \
+            load_calibrations(kind)
+        calibration = found.models.get(record.model)
+        try:
+            with_own, without = (_predicted(record, kind, c, found) for c in (calibration, None))
+        except (UnknownOptimizerError, predict.PredictError):
+            continue
+        measured = measured_peak(record)
+        rows.append({"trial_id": record.trial_id, "workload": record.workload, "model": record.model,
+                     "optimizer": record.optimizer, "precision": record.precision, "batch_size": record.batch_size,
+                     "seq_len": record.seq_len, "device": kind, "measured_mib": measured / MIB,
+                     "predicted_mib": with_own.total_bytes / MIB,
+                     "error_pct": 100 * (with_own.total_bytes - measured) / measured, "phase": with_own.phase,
+                     "calibrated": with_own.calibrated,
+                     "held_out": calibration is None or record.trial_id not in calibration.trial_ids,
+                     "uncalibrated_error_pct": 100 * (without.total_bytes - measured) / measured})
+    return pd.DataFrame(rows)
+
+
+def _predicted(record: Record, kind: str, calibration: Calibration | None,
+               calibrations: CalibrationSet) -> predict.Prediction:
+    facts = predict.facts_for_spec(spec_for(record))
+    return predict.predict_peak(facts, resolve(record.optimizer), record.optimizer_kwargs,
+                                batch_size=record.batch_size, seq_len=record.seq_len, precision=record.precision,
+                                device_kind=kind, calibration=calibration, borrow_from=calibrations)
+
+
+def error_band(table: Any, device: str = "cpu", table_path: str = "", calibrated: bool = True) -> ErrorBand:
+    """The held-out rows' median and worst |error|, the worst under-prediction and the share under; of the
+    predictor as calibrated, or (`calibrated=False`) of the uncalibrated one each model would get without
+    its own calibration."""
+    held = table[(table["held_out"]) & (table["device"] == device)]
+    if held.empty:
+        raise CalibrationError(f"no held-out {device} trial to measure the predictor's error on")
+    errors = held["error_pct" if calibrated else "uncalibrated_error_pct"] / 100
+    over_prediction = -errors / (1 + errors)  # measured / predicted - 1: how far above the prediction a trial went
+    return ErrorBand(device_kind=device, trials=len(held), median_abs_error=float(errors.abs().median()),
+                     worst_abs_error=float(errors.abs().max()), worst_under=float(max(over_prediction.max(), 0.0)),
+                     share_under=float((errors < 0).mean()), table=table_path, calibrated=calibrated)
+
+
+_COLUMNS = {"source": "file", "workload": "workload", "optimizer": "optimizer", "precision": "precision",
+            "batch_size": "batch", "seq_len": "seq", "measured_mib": "measured MiB", "predicted_mib": "predicted MiB",
+            "error_pct": "error %", "phase": "peak phase", "uncalibrated_error_pct": "uncalibrated error %",
+            "trial_id": "trial_id"}
+
+
+def render_table(table: Any, title: str, band: ErrorBand | None = None, uncalibrated: ErrorBand | None = None) -> str:
+    """A markdown table of predicted vs measured peaks, with the bands' summaries above it."""
+    columns = [c for c in _COLUMNS if c in table.columns]
+    shown = table.sort_values(["workload", "optimizer", "batch_size", "seq_len"])[columns].rename(columns=_COLUMNS)
+    lines = [f"# {title}", ""]
+    lines += [b.describe() + "  " for b in (band, uncalibrated) if b is not None]
+    if band is not None:
+        lines += ["",
+                  "error = (predicted - measured) / measured of peak_memory_bytes (CPU: weights + peak RSS "
+                  "growth); under-predicted rows have a negative error. Uncalibrated: what the predictor says "
+                  "without the model's own calibration (analytic activations scaled like the other calibrated "
+                  "models', their retained share and overhead)", ""]
+    lines.append(shown.to_markdown(index=False, floatfmt=".1f"))
+    return "\n".join(lines) + "\n"
+
+
+def _read(paths: Sequence[Path]) -> list[Record]:
+    return [record for path in paths for record in read_records(path)]
+
+
+def run_validation(calibrate_on: Sequence[Path], held_out: Sequence[Path], out_dir: Path,
+                   device: str = "cpu", package_file: Path | None = None) -> ErrorBand:
+    """Calibrate on `calibrate_on` (none: keep the package's calibrations, e.g. to measure the uncalibrated CUDA
+    predictor), save into the package's calibration file with the held-out band (other models' entries kept),
+    and write DIR/held-out.md, DIR/held-out.csv and, after a fit, DIR/calibration.md."""
+    calibrations = calibrate_all(_read(calibrate_on), sources=[str(p) for p in calibrate_on])
+    models = dict(load_calibrations(device).models)
+    models.update({c.model: c for c in calibrations if c.device_kind == device})
+    fitted = CalibrationSet(device, models)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    table = _held_out_table(held_out, fitted)
+    band = error_band(table, device, str(out_dir / "held-out.md"))
+    uncalibrated = error_band(table, device, str(out_dir / "held-out.md"), calibrated=False)
+    save_calibrations(dataclasses.replace(fitted, band=band, uncalibrated_band=uncalibrated), package_file)
+    table.to_csv(out_dir / "held-out.csv", index=False, float_format="%.2f")
+    (out_dir / "held-out.md").write_text(render_table(table, "Peak-memory predictor: held-out trials", band,
+                                                      uncalibrated))
+    if calibrations:
+        fit = render_table(validation_table(_read(calibrate_on), fitted), "Peak-memory predictor: the calibration "
+                           "trials' fit")
+        (out_dir / "calibration.md").write_text(fit + "\n" + _describe_calibrations(calibrations))
+    return band
+
+
+def _held_out_table(paths: Sequence[Path], fitted: CalibrationSet) -> Any:
+    """The validation table over every file's records no calibration used, each row naming its file
+    (`source`: its stem); a trial in two files counts once."""
+    import pandas as pd
+
+    seen = {t for c in fitted.models.values() for t in c.trial_ids}
+    tables = []
+    for path in paths:
+        records = [r for r in read_records(path) if r.trial_id not in seen]
+        seen |= {r.trial_id for r in records}
+        tables.append(validation_table(records, fitted).assign(source=path.stem))
+    return pd.concat(tables, ignore_index=True)
+
+
+def _describe_calibrations(calibrations: Sequence[Calibration]) -> str:
+    lines = []
+    for c in calibrations:
+        lines.append(f"- {c.model} on {c.device_kind} ({c.precision}): {c.bytes_per_token_layer:,.0f} B per token "
+                     f"per layer, {c.bytes_per_s2_layer:,.1f} B per sample·head·seq²·layer, retained share "
+                     f"{c.retained_fraction:.2f}, overhead {c.overhead_bytes / MIB:,.1f} MiB{_libraries(c)}; fitted on "
+                     f"{len(c.trial_ids)} trials (median |error| {100 * (c.fit_median_abs_error or 0):.1f} %)")
+    return "\n".join(lines) + "\n"
+
+
+def _libraries(c: Calibration) -> str:
+    extra = ", ".join(f"{lib} {value / MIB:+,.1f} MiB" for lib, value in sorted(c.library_overhead_bytes.items()))
+    return f" ({extra})" if extra else ""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m optbench.memory.calibrate", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--calibrate-on", type=Path, nargs="*", default=[],
+                        help="results files to fit on (none: validate the package's calibrations as they are)")
+    parser.add_argument("--held-out", type=Path, nargs="+", required=True, help="results files to validate on")
+    parser.add_argument("--out-dir", type=Path, required=True, help="where the tables go")
+    parser.add_argument("--device", choices=sorted(predict.TARGET_FIELDS), default="cpu")
+    args = parser.parse_args(argv)
+    missing = [str(p) for p in [*args.calibrate_on, *args.held_out] if not p.exists()]
+    if missing:
+        print(f"optbench.memory.calibrate: no such results file: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    try:
+        band = run_validation(args.calibrate_on, args.held_out, args.out_dir, args.device)
+    except CalibrationError as exc:
+        print(f"optbench.memory.calibrate: {exc}", file=sys.stderr)
+        return 2
+    print(band.describe())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,151 @@
+"""The predictor's calibrations: per device kind, one JSON file beside this module, keyed by model name.
+
+A calibration holds what `optbench.memory.predict` cannot count for one model on one device kind (activation
+bytes per token per layer, their seq² attention part, the share of activation pages the allocator still
+holds at the optimizer step, the fixed overhead), the trial ids and results files it was fitted on
+(`optbench.memory.calibrate`), and how well it fitted them. The file also carries the predictor's error band
+measured on held-out trials, which `estimate` prints and turns into a safety margin. Plain data: this
+module imports neither torch nor the predictor, so every trial and `estimate` can load it cheaply.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import statistics
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+CALIBRATION_DIR = Path(__file__).parent / "calibrations"
+# Uncalibrated defaults: on CPU the allocator keeps the freed activation pages (retained share 1, as
+# measured on MiniLM); on CUDA the caching allocator's `allocated` counts live tensors only (share 0).
+DEFAULT_RETAINED = {"cpu": 1.0, "cuda": 0.0}
+DEFAULT_OVERHEAD_BYTES = {"cpu": 64 * 2**20, "cuda": 0}
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What one model's measured trials say about what cannot be counted, on one device kind.
+
+    Peak on the step phase = weights + grads + state + temporaries + retained_fraction x activations + overhead;
+    on the forward/backward phase = weights + state + activations + overhead, where overhead =
+    overhead_bytes + the optimizer library's own (`library_overhead_bytes`) and activations =
+    bytes_per_token_layer x tokens x layers + bytes_per_s2_layer x batch x heads x seq² x layers. The
+    per-token figure folds in the loss head (a causal LM's logits), divided over the layers.
+    """
+
+    device_kind: str
+    model: str
+    precision: str
+    bytes_per_token_layer: float
+    bytes_per_s2_layer: float
+    retained_fraction: float
+    overhead_bytes: float
+    # extra fixed bytes an optimizer library's step leaves resident, over `overhead_bytes` (which holds for
+    # the most tried library, torch, and any library without an entry here)
+    library_overhead_bytes: dict[str, float] = field(default_factory=dict)
+    # calibrated / analytic activation coefficients (None: the analytic count has no s² part to scale): what
+    # an uncalibrated model borrows, since the gap is mostly the machine's allocator and kernels, not the model
+    token_scale: float = 1.0
+    s2_scale: float | None = None
+    trial_ids: tuple[str, ...] = ()
+    sources: tuple[str, ...] = ()  # results files the trials were read from
+    fit_median_abs_error: float | None = None  # relative, over the calibration trials themselves
+    fit_worst_abs_error: float | None = None
+    machine: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Calibration:
+        data = dict(data)
+        data["trial_ids"], data["sources"] = tuple(data.get("trial_ids", ())), tuple(data.get("sources", ()))
+        return cls(**data)
+
+    def overhead_for(self, library: str) -> float:
+        return self.overhead_bytes + self.library_overhead_bytes.get(library, 0.0)
+
+
+@dataclass(frozen=True)
+class ErrorBand:
+    """The predictor's measured error on held-out trials (optbench.memory.calibrate): |predicted - measured| /
+    measured per trial, its median and worst case, and the share of trials it under-predicted."""
+
+    device_kind: str
+    trials: int
+    median_abs_error: float
+    worst_abs_error: float
+    worst_under: float  # the largest under-prediction as measured / predicted - 1 (0 when none)
+    share_under: float
+    table: str = ""  # where the committed per-trial table is
+    calibrated: bool = True  # False: the error of the uncalibrated predictor (each model without its calibration)
+
+    @property
+    def safety_margin(self) -> float:
+        """Fraction to add to a prediction so every held-out trial would have fitted: under-predicting is the
+        costly mistake (a run that dies), so the margin covers the worst under-prediction, not the median."""
+        return max(self.worst_under, 0.0)
+
+    def describe(self) -> str:
+        which = "predictor error" if self.calibrated else "uncalibrated predictor error (no own calibration)"
+        return (f"{which} on {self.trials} held-out {self.device_kind} trials: median |error| "
+                f"{100 * self.median_abs_error:.1f} %, worst {100 * self.worst_abs_error:.1f} %, "
+                f"{100 * self.share_under:.0f} % under-predicted; safety margin +{100 * self.safety_margin:.1f} %")
+
+
+@dataclass(frozen=True)
+class CalibrationSet:
+    """One device kind's calibration file: per model name a Calibration, and the held-out error bands of the
+    calibrated predictor and of the uncalibrated one (what a model without a calibration gets)."""
+
+    device_kind: str
+    models: dict[str, Calibration] = field(default_factory=dict)
+    band: ErrorBand | None = None
+    uncalibrated_band: ErrorBand | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        bands = {"validation": self.band, "validation_uncalibrated": self.uncalibrated_band}
+        return {"device_kind": self.device_kind, "models": {k: v.to_dict() for k, v in sorted(self.models.items())},
+                **{key: {k: round(v, 4) if isinstance(v, float) else v for k, v in asdict(band).items()} if band
+                   else None for key, band in bands.items()}}
+
+    def band_for(self, calibrated: bool) -> ErrorBand | None:
+        return self.band if calibrated else self.uncalibrated_band
+
+    def borrowed(self, leave_out: str = "", library: str = "") -> tuple[float, float, float, float]:
+        """(token scale, s² scale, retained fraction, overhead bytes for `library`) for an uncalibrated model:
+        medians over the calibrated models on this device kind but `leave_out` (allocator and kernel behaviour
+        are the machine's more than the model's), else the analytic defaults (scales 1)."""
+        values = [c for name, c in self.models.items() if name != leave_out]
+        if not values:
+            return 1.0, 1.0, DEFAULT_RETAINED[self.device_kind], DEFAULT_OVERHEAD_BYTES[self.device_kind]
+        s2 = [c.s2_scale for c in values if c.s2_scale is not None]
+        return (statistics.median(c.token_scale for c in values), statistics.median(s2) if s2 else 1.0,
+                statistics.median(c.retained_fraction for c in values),
+                statistics.median(c.overhead_for(library) for c in values))
+
+
+def calibration_path(device_kind: str) -> Path:
+    return CALIBRATION_DIR / f"{device_kind}.json"
+
+
+@functools.cache
+def load_calibrations(device_kind: str) -> CalibrationSet:
+    """The package's calibration file for this device kind (an empty set when there is none)."""
+    path = calibration_path(device_kind)
+    if not path.exists():
+        return CalibrationSet(device_kind)
+    data = json.loads(path.read_text())
+    bands = [data.get(key) for key in ("validation", "validation_uncalibrated")]
+    return CalibrationSet(device_kind, {name: Calibration.from_dict(c) for name, c in data["models"].items()},
+                          *(ErrorBand(**band) if band else None for band in bands))
+
+
+def save_calibrations(calibrations: CalibrationSet, path: Path | None = None) -> Path:
+    path = path or calibration_path(calibrations.device_kind)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(calibrations.to_dict(), indent=1) + "\n")
+    load_calibrations.cache_clear()
+    return path

@@ -1,0 +1,174 @@
+"""Which optimizer, for this model and this memory budget? Fit first, then the memory–quality trade-off.
+
+Memory per optimizer is estimate.py's weights + grads + state (analytic from the model's shapes, or
+measured per parameter from results) plus, when results are given, the activation overhead measured
+in them (`other_peak_bytes`: peak minus weights, grads and state). Quality is the results' target metric
+(metrics.eval_target: accuracy for a classifier, perplexity for the `lm` workload, with its direction), and
+how it compares with AdamW is said in the verdict words of stats.py (paired over the seeds both ran).
+Among the optimizers that fit, the ones on the Pareto front (stats.pareto_front: no other fitting optimizer
+needs less memory *and* scores at least as well) come first; then the rest that fit; then what does not fit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from optbench.memory import estimate as est
+from optbench.optimizers import REGISTRY, UnknownOptimizerError, resolve
+from optbench.records.record import REFERENCE_OPTIMIZER, Record
+from optbench.report import stats
+from optbench.report.metrics import eval_target
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    estimate: est.Estimate
+    activation_bytes: int | None  # measured overhead on top of weights + grads + state; None: not known
+    quality: float | None  # mean target metric of the ok records over seeds; None: not measured
+    fits: bool
+    pareto: bool
+    unavailable: str | None  # why this optimizer cannot run here (a missing library), else None
+    verdict: str | None = None  # against the reference optimizer, in the verdict words
+    metric: str = "accuracy"  # the results' target metric
+    mode: str = "max"  # its direction: "max" larger is better, "min" smaller
+
+    @property
+    def total_bytes(self) -> int:
+        """The predicted peak with the predictor's safety margin where a batch and sequence length were given;
+        else weights + grads + state and the activation overhead measured in the results."""
+        if self.estimate.predicted_peak_bytes is not None:
+            return self.estimate.safe_bytes()
+        return self.estimate.per_gpu_bytes() + (self.activation_bytes or 0)
+
+    def point(self) -> tuple[float, float]:
+        """(memory, quality) with larger quality better, for stats.dominates."""
+        return self.total_bytes, (self.quality if self.mode == "max" else -self.quality)  # type: ignore[operator]
+
+
+@dataclass(frozen=True)
+class Quality:
+    """The results' target metric: its name, whether larger is better, and per optimizer its per-seed means."""
+
+    metric: str = "accuracy"
+    mode: str = "max"
+    by_seed: dict[str, dict[int, float]] = dataclasses.field(default_factory=dict)
+
+    def mean(self, name: str) -> float | None:
+        seeds = self.by_seed.get(name)
+        return statistics.fmean(seeds.values()) if seeds else None
+
+
+def _per_seed(records: Sequence[Record], value: Callable[[Record], float | None]) -> dict[str, dict[int, float]]:
+    """Per registry name (aliases folded in) and seed, the mean of `value` over the ok records."""
+    values: dict[str, dict[int, list[float]]] = {}
+    for record in records:
+        number = value(record) if record.status == "ok" else None
+        try:
+            name = resolve(record.optimizer).name
+        except UnknownOptimizerError:
+            continue
+        if stats.is_finite(number):
+            values.setdefault(name, {}).setdefault(int(record.seed), []).append(float(number))  # type: ignore[arg-type]
+    return {name: {seed: statistics.fmean(v) for seed, v in seeds.items()} for name, seeds in values.items()}
+
+
+def quality_of(records: Sequence[Record]) -> Quality:
+    """The target metric the ok records carry (the first one with a value names it)."""
+    scored = next((r for r in records if r.status == "ok" and eval_target(r) is not None), None)
+    if scored is None:
+        return Quality()
+    same = [r for r in records if r.target_metric == scored.target_metric]
+    return Quality(scored.target_metric, scored.target_mode, _per_seed(same, eval_target))
+
+
+def recommend(size: est.ModelSize, budget_bytes: int, records: Sequence = (), precision: str = "fp32",
+              batch_size: int | None = None, seq_len: int | None = None, device_kind: str = "cuda"
+              ) -> list[Recommendation]:
+    """Every registered optimizer, Pareto front of those that fit first, then other fits, then misfits. With a
+    batch size and sequence length (and a model read from its config) memory is the predicted peak plus the
+    predictor's safety margin (optbench.memory.predict), not a sum plus a measured overhead."""
+    measured_state = est.measured_bytes_per_param(records) if records else None
+    activations = {name: statistics.fmean(seeds.values())
+                   for name, seeds in _per_seed(records, lambda r: r.other_peak_bytes).items()}
+    quality = quality_of(records)
+    reference = quality.by_seed.get(resolve(REFERENCE_OPTIMIZER).name, {})
+    # An optimizer the results lack gets the largest overhead they measured: a fit should not be a guess.
+    fallback_activation = max(activations.values()) if activations else None
+    rows = []
+    for estimate in est.estimate(size, measured_state, precision, batch_size, seq_len, device_kind):
+        activation = activations.get(estimate.optimizer, fallback_activation)
+        own = quality.by_seed.get(estimate.optimizer, {})
+        found = stats.paired_verdict(own, reference, quality.mode) if own and estimate.optimizer != \
+            REFERENCE_OPTIMIZER else None
+        rows.append(Recommendation(
+            estimate=estimate, activation_bytes=None if activation is None else round(activation),
+            quality=quality.mean(estimate.optimizer), fits=False, pareto=False,
+            unavailable=REGISTRY[estimate.optimizer].unavailable_reason(), verdict=found.text if found else None,
+            metric=quality.metric, mode=quality.mode))
+    rows = [dataclasses.replace(r, fits=r.total_bytes <= budget_bytes) for r in rows]
+    scored = [r for r in rows if r.fits and r.quality is not None]
+    front = {id(scored[i]) for i in stats.pareto_front(*zip(*(r.point() for r in scored), strict=True))} \
+        if scored else set()
+    rows = [dataclasses.replace(r, pareto=id(r) in front) for r in rows]
+    return sorted(rows, key=lambda r: (not r.fits, not r.pareto, r.total_bytes))
+
+
+def _dominator(row: Recommendation, others: Sequence[Recommendation]) -> Recommendation | None:
+    """An optimizer needing no more memory and scoring no worse, strictly better in one: `row` is dominated."""
+    return next((o for o in others if o is not row and stats.dominates(o.point(), row.point())), None)
+
+
+def _gib(n_bytes: float) -> str:
+    return f"{n_bytes / est.GIB:.2f} GiB"
+
+
+def _reason(row: Recommendation, rows: Sequence[Recommendation], budget_bytes: int) -> str:
+    e = row.estimate
+    parts = f"weights {_gib(e.weights_bytes)} + grads {_gib(e.grads_bytes)} + state {_gib(e.state_bytes)} ({e.basis})"
+    if e.predicted_peak_bytes is not None:
+        parts = (f"predicted peak {_gib(e.predicted_peak_bytes)} (of which state {_gib(e.state_bytes)}) "
+                 f"+ {100 * e.margin_fraction:.0f} % margin")
+    elif row.activation_bytes is not None:
+        parts += f" + activations {_gib(row.activation_bytes)} (measured)"
+    quality = f"{row.metric} {row.quality:.4g}" if row.quality is not None else f"{row.metric} not measured"
+    quality += f" ({row.verdict} vs {REFERENCE_OPTIMIZER})" if row.verdict else ""
+    if not row.fits:
+        verdict = f"does not fit: {_gib(row.total_bytes - budget_bytes)} over the budget"
+    elif row.pareto:
+        verdict = "Pareto front: nothing that fits needs less memory and scores at least as well"
+    elif row.quality is None:
+        verdict = f"fits; no results to weigh its {row.metric}"
+    else:
+        better = _dominator(row, [r for r in rows if r.fits and r.quality is not None])
+        verdict = f"fits, but {better.estimate.optimizer} needs no more memory and scores at least as well"
+    note = f" [unavailable here: {row.unavailable}]" if row.unavailable else ""
+    return f"{e.optimizer:<22} {_gib(row.total_bytes):>11} = {parts}; {quality}; {verdict}{note}"
+
+
+def render(rows: Sequence[Recommendation], size: est.ModelSize, budget_bytes: int, precision: str,
+           results_name: str | None) -> str:
+    """A header (what was counted), the answer, then one line of reasoning per optimizer."""
+    header = [f"{size.num_params:,} trainable parameters ({size.source}), {precision} training, "
+              f"budget {_gib(budget_bytes)} per GPU"]
+    if rows and rows[0].estimate.predicted_peak_bytes is not None:
+        header.append(est.band_note(rows[0].estimate))
+    if results_name:
+        metric = rows[0].metric if rows else "accuracy"
+        header.append(f"activations and {metric} measured in {results_name} (valid for that job's batch and "
+                      "sequence length)")
+    elif not rows or rows[0].estimate.predicted_peak_bytes is None:
+        header.append("no --results: activations, temporaries and the CUDA context come on top; quality unknown")
+    fitting = [r for r in rows if r.fits]
+    if fitting:
+        best = [r.estimate.optimizer for r in fitting if r.pareto] or [fitting[0].estimate.optimizer]
+        answer = f"fits: {len(fitting)} of {len(rows)} optimizers; start with {', '.join(best)}"
+    else:
+        smallest = min(rows, key=lambda r: r.total_bytes)
+        answer = (f"nothing fits in {_gib(budget_bytes)}: the smallest, {smallest.estimate.optimizer}, needs "
+                  f"{_gib(smallest.total_bytes)}; try --precision bf16, a smaller batch, ZeRO-1 over several GPUs "
+                  "(`optbench estimate --gpus N`) or a smaller model")
+    lines = [_reason(r, rows, budget_bytes) for r in rows]
+    return "\n".join(header) + "\n\n" + answer + "\n\n" + "\n".join(lines)

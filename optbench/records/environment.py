@@ -1,0 +1,113 @@
+"""The environment stamp every record carries: library versions, hardware, threads, load and git commit.
+
+What a reader needs to trust or reproduce a number, and what `compare` checks before it calls two runs
+comparable. Reading it costs a `git rev-parse` and a look at /proc, so callers stamp once per trial.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+import subprocess
+import sys
+from collections.abc import Iterable
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+# Set by the process layer when it pinned a trial's GPU(s) with CUDA_VISIBLE_DEVICES: the trial's `cuda:N` is
+# then this process's cuda:0 (optbench/sweep/devices.py, trial.resolve_device).
+GPU_PINNED_ENV = "OPTBENCH_GPU_PINNED"
+# Environment-stamp keys that change what a number means: the benchmarks add them to pytest-benchmark's
+# machine_info (which has the CPU already), and `compare` warns when two runs differ in any of them.
+# Hardware (the CPU's family/model/stepping and the kernel set torch dispatches to, which changes
+# floating-point results), libraries and threads.
+MACHINE_KEYS = ("gpu", "cuda", "cpu_model", "cpu_capability", "torch", "transformers", "datasets", "bitsandbytes",
+                "torchao", "torch_threads")
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+            cwd=Path(__file__).resolve().parent,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+@functools.cache
+def _cpuinfo() -> dict[str, str]:
+    """The first processor's fields of /proc/cpuinfo (empty off Linux), read once per process."""
+    fields: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if not line.strip():
+                break
+            key, _, value = line.partition(":")
+            fields[key.strip()] = value.strip()
+    except OSError:
+        pass
+    return fields
+
+
+def cpu_name() -> str:
+    return _cpuinfo().get("model name") or platform.processor() or platform.machine()
+
+
+def cpu_model() -> str | None:
+    """Family, model and stepping: virtual machines often show every EPYC or Xeon under one bare brand name,
+    while these numbers still tell one CPU generation from another."""
+    info = _cpuinfo()
+    if "cpu family" not in info:
+        return None
+    return f"family {info['cpu family']} model {info.get('model', '?')} stepping {info.get('stepping', '?')}"
+
+
+def load_average_1m() -> float | None:
+    """The 1-minute load average when the stamp was taken: above the core count, neighbours shared the CPUs
+    and every time measured then carries their work."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (OSError, AttributeError):
+        return None
+
+
+def gpu_name(device: Any = None) -> str | None:
+    """The name of the GPU a trial uses (`device`, a torch.device or index), else of the current one; None
+    without CUDA. Asked through torch only when CUDA is already usable here."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    index = device.index if hasattr(device, "index") else device
+    return torch.cuda.get_device_name(torch.cuda.current_device() if index is None else index)
+
+
+def environment(device: Any = None, packages: Iterable[str] = ("torch", "transformers", "datasets", "bitsandbytes",
+                                                               "torchao", "optbench")) -> dict[str, Any]:
+    """Library versions, hardware and git commit; `gpu` names the GPU `device` is on (the current one if None)."""
+    import torch
+
+    env: dict[str, Any] = {"python": sys.version.split()[0], "platform": platform.platform()}
+    env.update({name: _version(name) for name in packages})
+    env["cuda"] = torch.version.cuda
+    env["cpu"] = cpu_name()
+    env["cpu_model"] = cpu_model()
+    env["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+    env["cpu_count"] = os.cpu_count()
+    env["load_avg_1m"] = load_average_1m()
+    env["torch_threads"] = torch.get_num_threads()
+    on_cpu = device is not None and getattr(device, "type", str(device)) == "cpu"
+    env["gpu"] = None if on_cpu else gpu_name(device)
+    env["git_commit"] = git_commit()
+    return env

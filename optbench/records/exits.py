@@ -1,0 +1,27 @@
+"""The one table of exit codes: every command, the nightly workflow that runs `optbench run` as a child, and the
+README speak of these and no other numbers.
+
+A trial's status decides two of them: `error` and `timeout` (`record.FAILURES`, a harness or library failure)
+make a sweep exit 3; `oom`, `diverged` and `skipped` are results, exit 0.
+"""
+
+from __future__ import annotations
+
+import signal
+
+OK = 0
+REGRESSION = 1  # compare / nightly found a regression; recommend: nothing fits the budget
+NOTHING_FITS = REGRESSION
+USAGE = 2  # bad input or set-up: one line on stderr, never a traceback
+TRIAL_FAILED = 3  # a trial ended `error` or `timeout` (`--allow-errors`: 0)
+WRITE_FAILED = 4  # the results file stopped taking records (disk full, read-only): what was written stays
+INTERRUPTED = 128 + signal.SIGINT  # 130: Ctrl-C, after the trials finished so far were recorded
+TERMINATED = 128 + signal.SIGTERM  # 143: SIGTERM (a scheduler's or CI's cancel), likewise
+
+TABLE = {OK: "ok (oom, diverged and skipped trials are results)",
+         REGRESSION: "a regression (compare, nightly) or nothing fits (recommend)",
+         USAGE: "usage or set-up error (one line on stderr)",
+         TRIAL_FAILED: "a trial ended error or timeout (--allow-errors: 0)",
+         WRITE_FAILED: "the results file could not be written (disk full, read-only); rerun to resume",
+         INTERRUPTED: "interrupted by SIGINT after recording the finished trials",
+         TERMINATED: "terminated by SIGTERM after recording the finished trials"}

@@ -1,0 +1,378 @@
+"""The results record and its JSON Lines store.
+
+One `Record` per trial; its fields *are* the schema (units in the names). The store appends one line
+per finished trial under a file lock and fsyncs it, so killing a sweep loses at most the trials in
+flight and concurrent writers never interleave; the reader skips torn or corrupt lines with a warning
+instead of failing the whole file.
+
+Schema 2 (this version) added the lr `schedule` (schema-1 records trained at a constant lr after the
+warm-up, and read back as `constant`), `workload_options` (schema 1 named a tiny BERT's width in the
+workload, `tiny-w128`; it reads back as workload `tiny` with `{"hidden_size": 128}`) and the `job_key`
+every reader groups by.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import fcntl
+import json
+import math
+import os
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from optbench.records.environment import MACHINE_KEYS
+
+SCHEMA_VERSION = 2
+MIB = 2**20
+GIB = 2**30
+REFERENCE_OPTIMIZER = "adamw"  # what every table, paired difference and "% of" column compares against
+STATUSES = ("ok", "oom", "diverged", "error", "timeout", "skipped")
+FAILURES = ("error", "timeout")  # a harness or library failure (exit 3); oom, diverged and skipped are results
+# What one job is: every setting that changes what its numbers mean except the optimizer, its lr and the
+# seed. Report, compare, study and the side-by-side table group by it (`job_key`), never by a label.
+JOB_KEY_FIELDS = ("workload", "workload_options", "model", "pretrained", "dataset", "device", "steps", "warmup_steps",
+                  "batch_size", "seq_len", "eval_size", "precision", "schedule", "engine", "parallel", "world_size",
+                  "fidelity", "resume_check")
+
+__all__ = ["FAILURES", "GIB", "JOB_KEY_FIELDS", "MACHINE_KEYS", "MIB", "REFERENCE_OPTIMIZER", "SCHEMA_VERSION",
+           "STATUSES", "Record", "ResultsFileError", "append_record", "check_writable", "completed_trial_ids",
+           "job_key", "job_label", "read_records", "split_peak_memory"]
+
+
+@dataclass
+class Record:
+    schema_version: int = SCHEMA_VERSION
+    run_id: str = ""
+    trial_id: str = ""
+    status: str = "error"
+    error: str | None = None
+    # what ran
+    optimizer: str = ""
+    optimizer_kwargs: dict[str, Any] = field(default_factory=dict)
+    state_precision: str = ""
+    workload: str = ""
+    workload_options: dict[str, Any] = field(default_factory=dict)  # e.g. the tiny BERT's {"hidden_size": 128}
+    model: str = ""
+    dataset: str = ""
+    seed: int = 0
+    device: str = ""
+    device_name: str = ""
+    job_key: dict[str, Any] = field(default_factory=dict)  # results.job_key(): what report and compare group by
+    # the job
+    steps: int = 0
+    warmup_steps: int = 0
+    batch_size: int = 0
+    seq_len: int = 0
+    eval_size: int = 0
+    lr: float = 0.0
+    schedule: str = "linear"  # lr after the warm-up: constant | linear | cosine | wsd (optbench/trial/schedules.py)
+    # model side
+    num_params: int | None = None
+    weights_bytes: int | None = None
+    grads_bytes: int | None = None
+    # Σ over parameter tensors of rows + columns (rank >= 2) or numel (vectors): the elements a factored
+    # second moment (Adafactor) keeps, so the x-axis its state grows along in the scaling fit
+    factored_numel: int | None = None
+    # optimizer state, measured after training
+    state_bytes: int | None = None
+    state_bytes_per_param: float | None = None
+    state_bytes_by_key: dict[str, int] = field(default_factory=dict)
+    # per module kind: embeddings, attention, mlp, norms/biases, head (optbench/memory/statemap.py)
+    state_bytes_by_module: dict[str, int] = field(default_factory=dict)
+    analytic_state_bytes: int | None = None
+    analytic_state_bytes_per_param: float | None = None
+    # memory
+    peak_cuda_allocated_bytes: int | None = None
+    peak_cuda_reserved_bytes: int | None = None
+    peak_rss_bytes: int | None = None
+    peak_rss_growth_bytes: int | None = None
+    # Which CUDA figure is which: peak_cuda_* are torch's caching allocator's own counters, blind to memory
+    # allocated around it. paged_state_bytes is the optimizer state held there instead (bitsandbytes' paged
+    # optimizers keep their larger state tensors in CUDA unified memory, cudaMallocManaged; 0 where nothing is
+    # paged, as on CPU). peak_device_used_growth_bytes is the driver's count of used device memory
+    # (cudaMemGetInfo: total - free) at its highest reading (the window's start, after each step, at its end)
+    # over the reading at the window's start: it sees everything, torch's cache included, so compare it with
+    # peak_cuda_reserved_bytes growth, not with allocated. None off CUDA.
+    paged_state_bytes: int | None = None
+    peak_device_used_growth_bytes: int | None = None
+    # RSS over the baseline right after the last optimizer step: what training holds between steps
+    # (grads + state + what the allocator keeps), without the transient peak inside step()
+    rss_growth_after_step_bytes: int | None = None
+    # held (above) minus grads and state: allocator-cached activation and temporary buffers still resident
+    held_other_bytes: int | None = None
+    # Peak split into parts. peak_memory_bytes is, on CUDA, the allocator peak plus paged_state_bytes (state the
+    # allocator never saw, resident on the GPU unless the driver pages it out under memory pressure); on CPU
+    # weights + peak RSS growth (the post-setup baseline already holds the weights, so growth alone would miss
+    # them). other_peak_bytes = peak - weights - grads - state: activations, temporaries, allocator slack.
+    peak_memory_bytes: int | None = None
+    other_peak_bytes: int | None = None
+    predicted_peak_bytes: int | None = None  # optbench.memory.predict's figure for peak_memory_bytes, before training
+    # time
+    first_step_s: float | None = None  # the first step whose optimizer.step() ran (a skipped one created no state)
+    # Steps whose optimizer.step() a GradScaler skipped (fp16: inf/NaN gradients): trained on, but out of
+    # first_step_s and the medians, since they did no optimizer work
+    skipped_steps: list[int] = field(default_factory=list)
+    step_time_median_s: float | None = None
+    step_time_iqr_s: float | None = None
+    optimizer_step_median_s: float | None = None
+    optimizer_step_iqr_s: float | None = None
+    samples_per_s: float | None = None
+    # quality
+    train_loss_final: float | None = None
+    loss_curve: list[float] = field(default_factory=list)
+    eval_accuracy: float | None = None
+    eval_f1: float | None = None
+    # update fidelity (`run --fidelity`): the optimizer's parameter update u against an fp32 AdamW's u_ref
+    # from the same parameters and gradients, per step; medians skip steps where u_ref was zero.
+    # A fidelity trial also holds the shadow AdamW (params + two moments) and a parameter snapshot, so its
+    # peak memory is inflated: `fidelity` marks such records, and they are a job of their own.
+    fidelity: bool = False
+    update_cosine_median: float | None = None
+    update_rel_error_median: float | None = None
+    update_cosine_curve: list[float | None] = field(default_factory=list)
+    update_rel_error_curve: list[float | None] = field(default_factory=list)
+    # how it ran (engine x parallel mode x precision)
+    pretrained: bool | None = None  # False: the model started from random init (training from scratch)
+    stage: str | None = None  # "tune" (an lr-grid trial of a study) | "final" | None (plain `run`)
+    engine: str = "native"  # native | trainer | accelerate
+    parallel: str = "none"  # none | ddp | zero1 | fsdp2
+    world_size: int = 1
+    per_rank: list[dict[str, Any]] = field(default_factory=list)  # each rank's state/memory/time figures
+    precision: str = "fp32"  # fp32 | bf16-autocast | fp16-autocast | bf16 (bf16 weights, no fp32 master)
+    param_dtype: str = "float32"
+    autocast_dtype: str | None = None
+    # optimizer-side measurements beyond bytes
+    fp32_state_fraction: float | None = None  # share of parameters whose state stays full precision
+    optimizer_impl: str | None = None  # what torch ran: fused | foreach | per-tensor loop (None: not torch's)
+    optimizer_step_traffic_bytes: int | None = None  # bytes one step must read + write (analytic)
+    # The device's memory bandwidth as an in-place triad kernel sees it (a += s * b over buffers far larger than
+    # the last-level cache, bytes counted as the step's are), sampled before, during and after training.
+    device_bandwidth_bytes_per_s: float | None = None  # median of the samples
+    device_bandwidth_iqr_bytes_per_s: float | None = None
+    device_copy_bandwidth_bytes_per_s: float | None = None  # schema 1's ceiling (one copy_): read, never written
+    roofline_fraction: float | None = None  # traffic / optimizer-step median / device bandwidth; > 1: bad ceiling
+    paged: bool | None = None  # None: not a paged optimizer; False: asked for paging, fell back (why in paged_reason)
+    paged_reason: str | None = None
+    # per-step samples after warm-up (seconds), so `compare` can test against the distribution
+    step_time_samples_s: list[float] = field(default_factory=list)
+    optimizer_step_samples_s: list[float] = field(default_factory=list)
+    # workload metrics: eval_metrics on the eval split; val_metrics on the validation split carved from
+    # the training data (study trials). target_metric names the workload's headline metric in those dicts,
+    # target_mode says whether larger ("max") or smaller ("min") is better.
+    eval_metrics: dict[str, float] = field(default_factory=dict)
+    val_metrics: dict[str, float] = field(default_factory=dict)
+    val_metric: float | None = None  # val_metrics[target_metric]
+    val_accuracy: float | None = None  # val_metrics["accuracy"] where the workload has one
+    val_rows: int | None = None  # rows of the validation split: its binomial noise sets the study's near-tie band
+    target_metric: str = "accuracy"
+    target_mode: str = "max"
+    eval_curve: list[list[float]] = field(default_factory=list)  # [step, training seconds, target metric]
+    target_value: float | None = None  # the threshold time-to-target was measured against
+    steps_to_target: int | None = None
+    time_to_target_s: float | None = None
+    # checkpoint and resume (`--resume-check`): save at the middle step, load into fresh objects, finish,
+    # and compare with the uninterrupted run of the same seed and batches
+    resume_check: bool = False
+    checkpoint_bytes: int | None = None  # on disk
+    checkpoint_save_s: float | None = None
+    checkpoint_load_s: float | None = None
+    resume_max_abs_param_diff: float | None = None
+    resume_final_loss_diff: float | None = None
+    resume_status: str | None = None  # exact | close | diverged | error: <library message>
+    resume_note: str | None = None  # e.g. "optimizer.eval() before saving (schedule-free)"
+    # bookkeeping
+    startup_s: float | None = None  # trial launch to the child's first line of real work (imports, fork)
+    wall_s: float | None = None
+    started_at: str = ""
+    env: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-safe data; a non-finite float (a diverged loss) becomes None."""
+        return _finite(dataclasses.asdict(self))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Record:
+        """Read a record of any schema: unknown (newer) fields are left out, missing (older) ones filled,
+        schema-1 meanings translated (see the module docstring), and the job key derived when absent."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        data = _upgrade(dict(data))
+        record = cls(**{k: v for k, v in data.items() if k in names})
+        if "job_key" not in data:  # a schema-1 record: its key from its fields
+            record.job_key = job_key(record)
+        return record
+
+
+def _upgrade(data: dict[str, Any]) -> dict[str, Any]:
+    """Schema 1 -> 2: a constant lr after warm-up, and the tiny BERT's width out of the workload name."""
+    if int(data.get("schema_version") or 1) >= 2:
+        return data
+    data.setdefault("schedule", "constant")
+    workload = str(data.get("workload") or "")
+    if workload.startswith("tiny-w") and workload[6:].isdigit():
+        data["workload"], data["workload_options"] = "tiny", {"hidden_size": int(workload[6:])}
+    return data
+
+
+def job_key(record: Record) -> dict[str, Any]:
+    """The job a record belongs to (JOB_KEY_FIELDS); the device by its type, so cuda:0 and cuda:1 are one job."""
+    key = {name: getattr(record, name) for name in JOB_KEY_FIELDS}
+    key["device"] = str(record.device).split(":")[0]
+    return key
+
+
+def job_label(key: dict[str, Any]) -> str:
+    """The job in words, for headings: model, data, device, size, then whatever differs from the defaults."""
+    options = "".join(f", {name} {value}" for name, value in sorted((key.get("workload_options") or {}).items()))
+    scratch = ", trained from scratch" if key.get("pretrained") is False else ""
+    parts = [f"{key.get('model')}{options} on {key.get('dataset')}{scratch}, {key.get('device')}, {key.get('steps')} "
+             f"steps x batch {key.get('batch_size')} x seq {key.get('seq_len')}, {key.get('schedule')} lr"]
+    if key.get("precision") not in (None, "fp32"):
+        parts.append(f"{key['precision']} weights")
+    if key.get("engine") not in (None, "native"):
+        parts.append(f"{key['engine']} engine")
+    if key.get("parallel") not in (None, "none"):
+        parts.append(f"{key['parallel']} x{key.get('world_size') or 1}")
+    if key.get("resume_check"):
+        parts.append("resume check")
+    if key.get("fidelity"):
+        parts.append("+ fidelity probe")
+    return ", ".join(parts)
+
+
+def split_peak_memory(record: Record) -> None:
+    """Fill `peak_memory_bytes` and `other_peak_bytes` from the measured peaks.
+
+    On CUDA the allocator's peak counts every tensor it allocated, weights included, but not state allocated
+    around it (`paged_state_bytes`): that is added to the peak, and so subtracted only once with the state. On
+    CPU the RSS peak is read as growth over the post-setup baseline, which already holds the weights, so they are
+    added back. What is left after weights, grads and optimizer state is activations and temporaries ("other").
+    On CPU that remainder can come out negative: the baseline is taken after a warm-up backward whose
+    freed buffers the allocator may keep resident and reuse (so grads or state need no new pages), and
+    RSS counts pages rather than tensors. A negative remainder means "no measurable extra", so it is
+    clamped at 0 rather than reported as memory given back.
+
+    Only fields the record lacks are filled, so the report can call this on any record it reads.
+    """
+    if record.peak_memory_bytes is None:
+        if record.peak_cuda_allocated_bytes is not None:
+            record.peak_memory_bytes = record.peak_cuda_allocated_bytes + (record.paged_state_bytes or 0)
+        elif record.peak_rss_growth_bytes is not None and record.weights_bytes is not None:
+            record.peak_memory_bytes = record.weights_bytes + record.peak_rss_growth_bytes
+    if record.other_peak_bytes is not None or record.peak_memory_bytes is None or None in (
+            record.weights_bytes, record.grads_bytes, record.state_bytes):
+        return
+    other = record.peak_memory_bytes - record.weights_bytes - record.grads_bytes - record.state_bytes
+    record.other_peak_bytes = max(0, other)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+def append_record(path: Path, record: Record) -> None:
+    """Append one record as one line, under an exclusive lock, fsynced before returning.
+
+    The lock (flock on the file itself) lets several sweeps, `--jobs` workers or executor callbacks
+    share one results file without interleaving their lines. A file left without a final newline (a
+    writer killed mid-line) gets one first, so the torn fragment stays on a line of its own. A write
+    that fails half-way (disk full) is cut back to where it started, so the fragment cannot corrupt
+    the next append; the error still propagates, since the record was not stored.
+    """
+    data = (json.dumps(record.to_dict(), allow_nan=False, default=str) + "\n").encode()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+b") as handle:  # read too: the last byte says whether a newline is missing
+        fd = handle.fileno()
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            start = os.lseek(fd, 0, os.SEEK_END)
+            if start and os.pread(fd, 1, start - 1) != b"\n":
+                data = b"\n" + data
+            try:
+                _write_all(fd, data)
+                os.fsync(fd)
+            except OSError:
+                os.ftruncate(fd, start)
+                raise
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """os.write until every byte is out (a single write may be partial on a nearly full disk)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+class ResultsFileError(ValueError):
+    """A results file that is missing or holds something other than records."""
+
+
+def read_records(path: Path) -> list[Record]:
+    """Every record in a JSON Lines file.
+
+    Unreadable lines (a torn write, a line corrupted by hand) are skipped with one warning naming
+    their line numbers, so one bad line never hides the rest of a sweep. A file with no readable
+    record at all is refused: it is not a results file.
+    """
+    if not path.is_file():
+        raise ResultsFileError(f"no such results file: {path}")
+    lines = path.read_text(encoding="utf-8").splitlines()
+    records = []
+    bad: list[int] = []
+    first_error = ""
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            data = json.loads(line)
+        except json.JSONDecodeError as exc:
+            bad.append(number)
+            first_error = first_error or f"{path}:{number}: not a JSON line ({exc.msg})"
+            continue
+        if not isinstance(data, dict) or "trial_id" not in data or "optimizer" not in data:
+            raise ResultsFileError(f"{path}:{number}: not an optbench record (no trial_id/optimizer)")
+        records.append(Record.from_dict(data))
+    if bad and not records:
+        raise ResultsFileError(first_error)
+    if bad == [len(lines)]:
+        warnings.warn(f"{path}:{len(lines)}: skipping a torn last line (sweep killed mid-write?)", stacklevel=2)
+    elif bad:
+        warnings.warn(f"{path}: skipping {len(bad)} unreadable line(s): {', '.join(map(str, bad))} "
+                      "(torn or corrupted writes)", stacklevel=2)
+    return records
+
+
+def completed_trial_ids(path: Path) -> set[str]:
+    """Trial ids already recorded `ok` in `path`: a re-run skips these (resume)."""
+    if not path.is_file():
+        return set()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return {r.trial_id for r in read_records(path) if r.status == "ok"}
+
+
+def check_writable(path: Path) -> None:
+    """Fail fast (OSError) when records could not be appended to `path`: before any trial runs, not after.
+
+    Creates the folder if missing; opens the file for appending (as the store will) and removes it
+    again if this check created it, so a refused run leaves nothing behind.
+    """
+    if path.exists() and not path.is_file():
+        raise IsADirectoryError(errno.EISDIR, "is a directory, not a results file", str(path))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    existed = path.exists()
+    with open(path, "ab"):
+        pass
+    if not existed:
+        path.unlink()

@@ -1,0 +1,263 @@
+"""Records -> the per-trial frame -> the per-job summary every renderer and `compare` read.
+
+Jobs are grouped by their job key (`record.job_key`, or `results.job_key(record)` for a record built by
+hand), never by parsing a label; the label (`results.job_label`) is for headings only. A re-run trial
+(same trial_id) counts once, with its latest record.
+
+Study records: the tune stage runs each optimizer's lr grid at the finals' job (`stage="tune"`, the tune
+seeds); the final stage adds the other seeds at the chosen lr (`stage="final"`). The lr is chosen from the
+tune records alone (`stats.choice_from_records`); an optimizer's finals are every record at the lr its finals
+ran at (the chosen one, before they ran) that has eval metrics, tune or final. Schema-1 study files tuned on
+fewer steps and carried only validation metrics: their tune records join the finals' job by the key without
+steps, warm-up and eval size. Records of a plain `run` (stage None) are finals of their job.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from optbench.records.record import REFERENCE_OPTIMIZER, Record, job_key, job_label, split_peak_memory
+from optbench.report import metrics, stats
+from optbench.report.metrics import MEAN, MEDIAN_INF, MEMORY_HEADLINE, SPEED_HEADLINE, TEXT, Metric, record_values
+
+TARGET_SHARE = 0.95  # default target: 95 % of the best final mean ("max"), best / 0.95 ("min")
+MEM_SAVED = f"mem saved % vs {REFERENCE_OPTIMIZER}"
+SPEED = f"speed x vs {REFERENCE_OPTIMIZER}"
+LOOSE_FIELDS = ("steps", "warmup_steps", "eval_size")  # what a schema-1 tune record may differ in from its finals
+SIDE_BY_SIDE_FIELDS = ("precision", "engine")  # jobs differing only in these share the side-by-side table
+TUNING = ("tuned_lr", "tune_steps", "tune_points", "tunability", "tune_band", "tune_band_basis", "tune_seeds")
+
+
+def job_id(key: dict[str, Any]) -> str:
+    """A job key as a canonical string: what frames group by."""
+    return json.dumps(key, sort_keys=True, default=str)
+
+
+def _without(key: dict[str, Any], fields: Iterable[str]) -> str:
+    return job_id({name: value for name, value in key.items() if name not in fields})
+
+
+def _row(record: Record) -> dict[str, Any]:
+    copy = dataclasses.replace(record)  # the caller's records stay as they were read
+    split_peak_memory(copy)  # records from benchmark JSON or older files may lack the split
+    key = dict(copy.job_key or job_key(copy))
+    copy.job_key = key
+    row = copy.to_dict()
+    row.update(record_values(copy), record=copy, job_id=job_id(key))
+    return row
+
+
+def trials_frame(records: Iterable[Record]) -> pd.DataFrame:
+    """One row per trial (latest record per trial_id): the Record's fields, every metric of the table, the job
+    (`job_id`, label `job`), whether the trial is a final of its job (`final`) and its time to target."""
+    frame = pd.DataFrame([_row(record) for record in records])
+    if frame.empty:
+        return frame
+    frame = frame.drop_duplicates("trial_id", keep="last").reset_index(drop=True)
+    _link_schema1_tune_records(frame)
+    frame["job"] = frame["job_id"].map(_labels(frame))
+    frame["weight_precision"] = [key.get("precision") or "fp32" for key in frame["job_key"]]
+    _mark_finals(frame, lr_choices(frame))
+    _add_time_to_target(frame)
+    return frame
+
+
+def _link_schema1_tune_records(frame: pd.DataFrame) -> None:
+    """Tune records whose key matches no final's: moved to the final job that matches without LOOSE_FIELDS."""
+    tune = frame["stage"] == "tune"
+    finals = dict(zip(frame.loc[~tune, "job_id"], frame.loc[~tune, "job_key"], strict=True))
+    loose = {_without(key, LOOSE_FIELDS): (ident, key) for ident, key in finals.items()}
+    for index in frame.index[tune & ~frame["job_id"].isin(list(finals))]:
+        match = loose.get(_without(frame.at[index, "job_key"], LOOSE_FIELDS))
+        if match is not None:
+            frame.at[index, "job_id"], frame.at[index, "job_key"] = match
+
+
+def _labels(frame: pd.DataFrame) -> dict[str, str]:
+    """job_id -> heading. Two keys with one label (they differ in a field the label leaves out) get the
+    differing fields appended, so no two jobs share a heading."""
+    keys = dict(zip(frame["job_id"], frame["job_key"], strict=True))
+    plain = {ident: job_label(key) for ident, key in keys.items()}
+    labels = dict(plain)
+    for ident, label in plain.items():
+        twins = [other for other, text in plain.items() if text == label and other != ident]
+        differ = sorted({name for other in twins for name, value in keys[other].items()
+                         if keys[ident].get(name) != value})
+        if differ:
+            labels[ident] = label + " (" + ", ".join(f"{name} {keys[ident].get(name)}" for name in differ) + ")"
+    return labels
+
+
+def lr_choices(frame: pd.DataFrame) -> dict[tuple[str, str], stats.LrChoice]:
+    """The lr choice per (job_id, optimizer), from that pair's `stage == "tune"` records alone."""
+    if "stage" not in frame:
+        return {}
+    tune = frame[frame["stage"] == "tune"]
+    return {(job, optimizer): stats.choice_from_records(str(optimizer), sorted(set(group["lr"].astype(float))),
+                                                        list(group["record"]), int(group["steps"].max()))
+            for (job, optimizer), group in tune.groupby(["job_id", "optimizer"], sort=False)}
+
+
+def _mark_finals(frame: pd.DataFrame, choices: dict[tuple[str, str], stats.LrChoice]) -> None:
+    """`final`: every non-tune trial, and the tune trials at the finals' lr that carry eval metrics."""
+    final = frame["stage"] != "tune"
+    for column in TUNING:
+        frame[column] = None
+    for (job, optimizer), choice in choices.items():
+        rows = (frame["job_id"] == job) & (frame["optimizer"] == optimizer)
+        ran = frame[rows & (frame["stage"] == "final")]
+        lr = float(ran["lr"].iloc[-1]) if len(ran) else choice.lr
+        if lr is not None:
+            final |= rows & (frame["stage"] == "tune") & frame["eval_target"].notna() & np.isclose(
+                frame["lr"].astype(float), lr, rtol=1e-9, atol=0)
+        ok = sum(point.status == "ok" for point in choice.points)
+        values = (choice.lr, choice.tune_steps, f"{ok}/{len(choice.points)}", choice.tunability, choice.band,
+                  choice.band_basis, choice.tune_seeds)
+        for column, value in zip(TUNING, values, strict=True):
+            frame.loc[rows, column] = value
+    frame["final"] = final
+
+
+def job_targets(frame: pd.DataFrame) -> dict[str, float]:
+    """Per job: a target given with the records (`--target`), else TARGET_SHARE of the best optimizer's
+    mean final metric (for a "min" metric such as perplexity: best / TARGET_SHARE)."""
+    targets = {}
+    for job, group in frame[frame["final"] & (frame["status"] == "ok")].groupby("job_id", sort=False):
+        given = pd.to_numeric(group["target_value"], errors="coerce").dropna()
+        means = group.groupby("optimizer")["eval_target"].mean().dropna()
+        if len(given):
+            targets[job] = float(given.iloc[-1])
+        elif len(means):
+            targets[job] = (means.max() * TARGET_SHARE if group["target_mode"].iloc[0] == "max"
+                            else means.min() / TARGET_SHARE)
+    return targets
+
+
+def _add_time_to_target(frame: pd.DataFrame) -> None:
+    """Steps and training seconds to the job's target per final trial with an eval curve: inf when the curve
+    never got there (a miss counts, AlgoPerf's rule), NaN when there is no curve to read."""
+    targets = job_targets(frame)
+    steps, seconds = [], []
+    for row in frame.itertuples():
+        curve = row.eval_curve if isinstance(row.eval_curve, list) and row.eval_curve else None
+        if curve is None or not row.final or row.job_id not in targets:
+            steps.append(np.nan), seconds.append(np.nan)
+            continue
+        hit = stats.reached(curve, targets[row.job_id], row.target_mode)
+        steps.append(hit[0] if hit else np.inf), seconds.append(hit[1] if hit else np.inf)
+    frame["steps_to_target"], frame["time_to_target_s"] = steps, seconds
+    frame["job_target"] = frame["job_id"].map(targets)
+
+
+def aggregate(metric: Metric, values: pd.Series) -> dict[str, Any]:
+    """One metric over a group's seeds: mean ± CI (`_std`, `_ci`, `_n`, and `_invalid` for values beyond
+    `invalid_above`), median with misses as infinite (`_reached`, `_n`), or the distinct texts."""
+    column = metric.column
+    if metric.aggregate == TEXT:
+        return {column: "/".join(sorted({str(v) for v in values.dropna()})) or None}
+    numbers = pd.to_numeric(values, errors="coerce")
+    if metric.aggregate == MEDIAN_INF:
+        ttt = stats.time_to_target(numbers.tolist())
+        return {column: ttt.median if ttt else None, f"{column}_reached": ttt.reached if ttt else None,
+                f"{column}_n": ttt.n if ttt else 0}
+    assert metric.aggregate == MEAN
+    numbers = numbers[np.isfinite(numbers)]
+    invalid = numbers > metric.invalid_above if metric.invalid_above is not None else numbers != numbers
+    good = numbers[~invalid]
+    interval = stats.mean_ci(good.tolist())
+    return {column: interval.mean if interval else None, f"{column}_std": good.std() if len(good) > 1 else None,
+            f"{column}_ci": interval.half_width if interval else None, f"{column}_n": len(good),
+            f"{column}_invalid": int(invalid.sum())}
+
+
+def _summary_row(group: pd.DataFrame, of_trials: int) -> dict[str, Any]:
+    first, key = group.iloc[0], group.iloc[0]["job_key"]
+    status = str(first["status"])
+    row = {"job": first["job"], "job_id": first["job_id"], "optimizer": first["optimizer"],
+           "precision": first["state_precision"], "weight_precision": first["weight_precision"],
+           "engine": key.get("engine") or "native", "status": status, "trials": len(group), "of_trials": of_trials,
+           "error": "; ".join(sorted({str(e) for e in group["error"].dropna()}))[:200] or None,
+           "target_metric": first["target_metric"] or "accuracy", "target_mode": first["target_mode"] or "max",
+           "job_target": first["job_target"], "lr": first["lr"], "steps": key.get("steps"),
+           "warmup_steps": key.get("warmup_steps"), "schedule": key.get("schedule"),
+           "side_id": _without(key, SIDE_BY_SIDE_FIELDS), **{name: first[name] for name in TUNING}}
+    if status == "ok":
+        for metric in metrics.METRICS:
+            row.update(aggregate(metric, group[metric.column]))
+    return row
+
+
+def summarize(frame: pd.DataFrame, margin: float | None = None) -> pd.DataFrame:
+    """One row per (job, optimizer, status) of the final trials: every metric of the table summarised over
+    seeds, the tuning columns, and the columns relative to the reference optimizer (`add_relative`).
+    `margin`: the verdicts' margin in the target metric's unit (points, or % of the reference); None: 1
+    point for a metric in [0, 1], 2 % otherwise."""
+    if frame.empty or not frame["final"].any():
+        return pd.DataFrame(columns=["job", "job_id", "side_id", "optimizer", "status", "target_metric",
+                                     "target_mode"])
+    finals = frame[frame["final"]]
+    counts = finals.groupby(["job_id", "optimizer"], sort=False).size()
+    rows = [_summary_row(group, int(counts[(job, optimizer)]))
+            for (job, optimizer, _), group in finals.groupby(["job_id", "optimizer", "status"], sort=False)]
+    summary = pd.DataFrame(rows)
+    add_relative(finals, summary, margin)
+    return summary
+
+
+def per_seed(trials: pd.DataFrame, optimizer: str, column: str = "eval_target") -> dict[int, float]:
+    """{seed: value} of one optimizer's ok trials (a job's finals)."""
+    rows = trials[(trials["optimizer"] == optimizer) & (trials["status"] == "ok") & trials[column].notna()]
+    return dict(zip(rows["seed"].astype(int), rows[column].astype(float), strict=True))
+
+
+def add_relative(finals: pd.DataFrame, summary: pd.DataFrame, margin: float | None) -> None:
+    """Per job with ok reference rows: memory saved %, speed x and the paired target-metric difference with
+    its verdict (in points for a metric in [0, 1], in % of the reference otherwise). No reference: nothing."""
+    for job, every in summary.groupby("job_id", sort=False):
+        trials = finals[finals["job_id"] == job]
+        mode = str(every["target_mode"].iloc[0])
+        scale = stats.scale_of(mode, trials["eval_target"])
+        summary.loc[every.index, "target_scale"] = scale
+        summary.loc[every.index, "margin"] = stats.DEFAULT_MARGIN[scale] if margin is None else margin
+        rows = every[every["status"] == "ok"]
+        ref = rows[rows["optimizer"] == REFERENCE_OPTIMIZER]
+        if ref.empty:
+            continue
+        ref_row = ref.iloc[0]
+        summary.loc[rows.index, MEM_SAVED] = 100 * (1 - rows[MEMORY_HEADLINE.column] / ref_row[MEMORY_HEADLINE.column])
+        summary.loc[rows.index, SPEED] = ref_row[SPEED_HEADLINE.column] / rows[SPEED_HEADLINE.column]
+        reference = per_seed(trials, REFERENCE_OPTIMIZER)
+        for index, row in rows.iterrows():
+            if row["optimizer"] != REFERENCE_OPTIMIZER:
+                _add_verdict(summary, index, per_seed(trials, row["optimizer"]), reference, mode, scale,
+                             summary.at[index, "margin"])
+
+
+def _add_verdict(summary: pd.DataFrame, index: Any, candidate: dict[int, float], reference: dict[int, float],
+                 mode: str, scale: str, margin: float) -> None:
+    found = stats.paired_verdict(candidate, reference, mode, margin, scale)
+    if found is None:
+        return
+    sign = 1.0 if mode == "max" else -1.0  # shown as the metric moves (perplexity up = worse)
+    summary.loc[index, ["delta_vs_adamw", "delta_vs_adamw_ci", "delta_vs_adamw_n", "delta_unit"]] = (
+        sign * found.difference.mean, found.difference.half_width, found.difference.n, found.unit)
+    summary.loc[index, ["verdict_vs_adamw", "verdict_word_vs_adamw", "verdict_excludes_zero"]] = (
+        found.text, found.word, found.excludes_zero)
+
+
+def time_to_target_by_job(summary: pd.DataFrame) -> dict[str, dict[str, float | None]]:
+    """Median time to target per job label and optimizer (inf: missed on half the seeds or more; None: the
+    optimizer failed). Jobs where nobody reached the target, or without eval curves, rank nobody: left out."""
+    times: dict[str, dict[str, float | None]] = {}
+    for row in summary.itertuples():
+        per_job = times.setdefault(row.job, {})
+        value = getattr(row, "time_to_target_s", None)
+        if row.status == "ok" or row.optimizer not in per_job:
+            per_job[row.optimizer] = float(value) if value is not None and pd.notna(value) else None
+    return {job: per_job for job, per_job in times.items() if any(stats.is_finite(t) for t in per_job.values())}

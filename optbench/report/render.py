@@ -1,0 +1,389 @@
+"""Render summary.py's frames: markdown, csv, json, a self-contained HTML page, and the terminal summary.
+
+Numbers are means over seeds ± the half-width of their 95 % Student-t interval ("n/a" with one seed);
+failed trials get their own row with their status and message, so nothing disappears from the table.
+Every column comes from the metric table (metrics.py); a column no row of a job fills is left out.
+Verdicts against the reference optimizer use the words of stats.py (equivalent within ±m, better or
+worse by at least m, non-inferior, inconclusive). Figures come from plots.py, imported only when written.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+import textwrap
+from collections.abc import Iterable
+from pathlib import Path
+
+import pandas as pd
+
+from optbench.records.record import REFERENCE_OPTIMIZER, Record, job_label
+from optbench.report import metrics, stats
+from optbench.report.frame import MEM_SAVED, SPEED, summarize, time_to_target_by_job, trials_frame
+from optbench.report.metrics import MEDIAN_INF, QUALITY, QUALITY_METRIC, TEXT, Metric
+
+__all__ = ["FORMATS", "render_html", "render_json", "render_markdown", "render_terminal", "summarize",
+           "trials_frame", "write_report"]
+
+FORMATS = ("md", "csv", "json", "html")
+TERMINAL_WIDTH = 120
+ALWAYS = ("optimizer", "weights", "state precision", "status")
+
+
+def _present(value: object) -> bool:
+    return value is not None and not (isinstance(value, float) and math.isnan(value))
+
+
+def _count(row: pd.Series, column: str) -> int:
+    value = row.get(column)
+    return int(value) if _present(value) else 0
+
+
+def metric_cell(row: pd.Series, metric: Metric) -> str:
+    """One summary cell: mean ± 95 % CI (n= where fewer values than trials), the median over seeds with
+    "reached k/n" for time to target, the texts for a text metric, or the metric's failure word."""
+    column = metric.column
+    value = row.get(column)
+    if metric.aggregate == TEXT:
+        return str(value) if _present(value) else ""
+    if metric.aggregate == MEDIAN_INF:
+        n = _count(row, f"{column}_n")
+        return stats.TimeToTarget(float(value), _count(row, f"{column}_reached"), n).text(metric.decimals) if n else ""
+    invalid = _count(row, f"{column}_invalid")
+    if not _present(value):
+        return metric.invalid_text if invalid else ""
+    text = f"{value:,.{metric.decimals}f}"
+    ci = row.get(f"{column}_ci")
+    if _present(ci):
+        text += f" ± {ci:,.{metric.decimals}f}"
+    elif metric.gate == QUALITY:  # one value: no interval (a bare "± 0" would claim certainty)
+        text += " ± n/a"
+    n = _count(row, f"{column}_n")
+    text += f" (n={n})" if n + invalid < _count(row, "trials") else ""
+    return text + (f" ({metric.invalid_text} {invalid}/{n + invalid})" if invalid else "")
+
+
+def verdict_phrase(row: pd.Series) -> str:
+    """The verdict words, with "CI excludes 0" beside them where that adds something."""
+    text = row.get("verdict_vs_adamw")
+    if not _present(text):
+        return ""
+    adds = row.get("verdict_word_vs_adamw") in (stats.EQUIVALENT, stats.NON_INFERIOR, stats.INCONCLUSIVE)
+    return str(text) + ("; CI excludes 0" if adds and row.get("verdict_excludes_zero") is True else "")
+
+
+def delta_cell(row: pd.Series, words: bool = True) -> str:
+    value = row.get("delta_vs_adamw")
+    if not _present(value):
+        return ""
+    unit, ci = row.get("delta_unit"), row.get("delta_vs_adamw_ci")
+    text = f"{value:+,.2f} {unit}" if not _present(ci) else (
+        f"{value:+,.2f} ± {ci:,.2f} {unit} (n={int(row['delta_vs_adamw_n'])})")
+    return f"{text}: {verdict_phrase(row)}" if words else text
+
+
+def _band(row: pd.Series) -> str:
+    band = row.get("tune_band")
+    if not _present(band):
+        return ""
+    return f"±{100 * band:.2f} pts" if row.get("target_scale") == stats.POINTS else f"±{band:.3g}"
+
+
+def _optional(group: pd.DataFrame, column: str, fmt: str) -> list[str]:
+    values = group[column] if column in group else pd.Series([None] * len(group), index=group.index)
+    return [fmt.format(v) if _present(v) else "" for v in values]
+
+
+def _shown(metric: Metric, target: str) -> bool:
+    return metric.show and metric.hide_for_target != target
+
+
+def job_table(group: pd.DataFrame) -> pd.DataFrame:
+    """One job's full table: identity, study columns, every metric of the table, the columns vs adamw."""
+    target = str(group["target_metric"].iloc[0])
+    rows = [row for _, row in group.iterrows()]
+    table = pd.DataFrame({
+        "optimizer": group["optimizer"], "weights": group["weight_precision"], "state precision": group["precision"],
+        "status": [f"{r.status} {r.trials}/{r.of_trials}" for r in group.itertuples()],
+        "tuned lr": _optional(group, "tuned_lr", "{:.3g}"), "lr ok/grid": _optional(group, "tune_points", "{}"),
+        "near-tie band": [_band(r) for r in rows], "tunability": _optional(group, "tunability", "{:.2f}"),
+        **{m.title.format(metric=target): [metric_cell(r, m) for r in rows]
+           for m in metrics.METRICS if _shown(m, target)},
+        f"{target} Δ vs {REFERENCE_OPTIMIZER} (95% CI)": [delta_cell(r) for r in rows],
+        MEM_SAVED: _optional(group, MEM_SAVED, "{:,.1f}"), SPEED: _optional(group, SPEED, "{:,.2f}"),
+    })
+    empty = [c for c in table.columns if c not in ALWAYS and (table[c].astype(str) == "").all()]
+    return table.drop(columns=empty)
+
+
+def display_tables(summary: pd.DataFrame) -> list[tuple[str, pd.DataFrame, str, list[str]]]:
+    """Per job: (job label, the formatted table, its notes, one line per failed row's error)."""
+    tables = []
+    for _, group in summary.groupby("job_id", sort=False):
+        errors = [f"{r.optimizer} ({r.status}): {r.error}" for r in group.itertuples() if r.status != "ok" and r.error]
+        tables.append((str(group["job"].iloc[0]), job_table(group), notes(group), errors))
+    return tables
+
+
+def notes(rows: pd.DataFrame) -> str:
+    """What one job's columns were measured against: target, tuning and its band, margin, schedule, intervals."""
+    first, said = rows.iloc[0], []
+    metric = first["target_metric"]
+    if _present(first.get("job_target")) and rows.get("time_to_target_s_n", pd.Series(dtype=float)).fillna(0).sum():
+        sign = ">=" if first["target_mode"] == "max" else "<="
+        said.append(f"target: {metric} {sign} {first['job_target']:.4g} on the eval curve; time to target is the "
+                    "median over seeds, a seed that never reached it counting as infinite")
+    tuned = rows[rows["tune_steps"].notna()] if "tune_steps" in rows else rows[:0]
+    if len(tuned):
+        budget, steps = int(tuned["tune_steps"].max()), first.get("steps")
+        fewer = f" (fewer than the {int(steps)} final steps)" if _present(steps) and int(steps) > budget else ""
+        basis = tuned["tune_band_basis"].iloc[0]
+        said.append(f"lr chosen by the mean validation {metric} over {int(tuned['tune_seeds'].max())} tune seed(s) "
+                    f"of {budget} steps{fewer}; lrs within the near-tie band of the best ({basis}) went to the one "
+                    "nearest the grid's geometric middle")
+    if "verdict_vs_adamw" in rows and rows["verdict_vs_adamw"].map(_present).any():
+        margin = stats.margin_text(float(first["margin"]), str(first["target_scale"]))
+        said.append(f"verdicts: the paired 95 % interval of the difference to {REFERENCE_OPTIMIZER} over shared seeds "
+                    f"against a margin of ±{margin}")
+    if _present(first.get("schedule")):
+        said.append(f"lr schedule: {first['schedule']} after {int(first.get('warmup_steps') or 0)} warm-up steps")
+    said.append("± is the 95 % Student-t interval over seeds (none with one seed: n/a)")
+    return "; ".join(said) + "."
+
+
+def render_markdown(summary: pd.DataFrame) -> str:
+    """One markdown table per job, headed by the job's settings, then side-by-side and profile tables."""
+    parts = [f"### {job}\n\n" + table.to_markdown(index=False) + "\n\n" + said
+             + ("\n\n" + "\n".join(f"- {e}" for e in errors) if errors else "")
+             for job, table, said, errors in display_tables(summary)]
+    extras = [text for text in (render_side_by_side_markdown(summary), render_profile_markdown(summary)) if text]
+    return "\n\n".join(parts) + "\n" + "".join("\n" + text for text in extras)
+
+
+def render_side_by_side_markdown(summary: pd.DataFrame) -> str:
+    """Jobs whose keys differ only in precision and/or engine, in one table: what bf16 weights, autocast or
+    another training loop change for the same optimizer (each is its own job above, with its own "vs adamw")."""
+    ok = summary[summary["status"] == "ok"]
+    parts = []
+    for side, group in ok.groupby("side_id", sort=False):
+        if group["job_id"].nunique() < 2:
+            continue
+        target = str(group["target_metric"].iloc[0])
+        order = {name: i for i, name in enumerate(dict.fromkeys(group["optimizer"]))}
+        group = group.sort_values("optimizer", kind="stable", key=lambda names: names.map(order))
+        table = pd.DataFrame({
+            "optimizer": group["optimizer"], "weights": group["weight_precision"], "engine": group["engine"],
+            "state precision": group["precision"],
+            "status": [f"ok {r.trials}/{r.of_trials}" for r in group.itertuples()],
+            **{m.title.format(metric=target): [metric_cell(r, m) for _, r in group.iterrows()]
+               for m in metrics.METRICS if m.compact}})
+        table = table.drop(columns=[c for c in ("weights", "engine") if table[c].nunique() < 2])
+        parts.append(f"### Side by side: {job_label(json.loads(side))}\n\n" + table.to_markdown(index=False) + "\n")
+    return "\n".join(parts)
+
+
+def render_profile_markdown(summary: pd.DataFrame) -> str:
+    """Across >= 2 jobs: each optimizer's performance-profile score (area under it, 0..1)."""
+    times = time_to_target_by_job(summary)
+    if len(times) < 2:
+        return ""
+    profile = stats.performance_profile(times)
+    rows = pd.DataFrame({"optimizer": list(profile),
+                         "profile score (0-1)": [round(stats.profile_score(v), 3) for v in profile.values()],
+                         "jobs reaching target": [f"{sum(stats.is_finite(t.get(n)) for t in times.values())}"
+                                                  f"/{len(times)}" for n in profile]})
+    return ("### Across jobs: performance profile of time to target (tau from 1 to 4; median over seeds, "
+            "a missed seed counting as infinite)\n\n"
+            + rows.sort_values("profile score (0-1)", ascending=False).to_markdown(index=False) + "\n")
+
+
+def render_json(summary: pd.DataFrame) -> str:
+    """The numeric summary as a JSON array of rows (NaN as null), for scripts and dashboards."""
+    return summary.to_json(orient="records", indent=1, force_ascii=False) + "\n"
+
+
+def _first_to_target(group: pd.DataFrame) -> pd.Series | None:
+    """The fastest median time to target among the optimizers that reached it on every seed: one that missed
+    on any seed is never called first."""
+    if "time_to_target_s_n" not in group:
+        return None
+    everywhere = group[(group["time_to_target_s_n"].fillna(0) > 0)
+                       & (group["time_to_target_s_reached"] == group["time_to_target_s_n"])]
+    return everywhere.loc[everywhere["time_to_target_s"].astype(float).idxmin()] if len(everywhere) else None
+
+
+def verdict_sentences(group: pd.DataFrame) -> list[str]:
+    """Plain-text sentences about one job's ok rows: memory, speed, first to target, verdicts vs adamw."""
+    metric, mode, said = str(group["target_metric"].iloc[0]), str(group["target_mode"].iloc[0]), []
+    scored = group[group["eval_target"].notna() & group["peak_memory_mib"].notna()]
+    if len(scored) and mode == "max":
+        best = scored.loc[(scored["eval_target"] / scored["peak_memory_mib"]).idxmax()]
+        said.append(f"most {metric} per MiB of peak training memory: {best['optimizer']} "
+                    f"({best['eval_target']:.4g} at {best['peak_memory_mib']:,.0f} MiB)")
+    elif len(scored):
+        best = scored.loc[scored["peak_memory_mib"].idxmin()]
+        said.append(f"smallest peak training memory: {best['optimizer']} ({best['peak_memory_mib']:,.0f} MiB, "
+                    f"{metric} {best['eval_target']:.4g})")
+    timed = group[group["step_ms"].notna()]
+    if len(timed):
+        fast = timed.loc[timed["step_ms"].idxmin()]
+        said.append(f"fastest step: {fast['optimizer']} ({fast['step_ms']:,.0f} ms)")
+    first = _first_to_target(group)
+    if first is not None:
+        said.append(f"first to the target on every seed: {first['optimizer']} "
+                    f"(median {first['time_to_target_s']:,.1f} s)")
+    by_verdict: dict[str, list[str]] = {}  # one sentence per verdict, naming every optimizer it holds for
+    for _, r in group.iterrows():
+        if verdict_phrase(r):
+            by_verdict.setdefault(verdict_phrase(r), []).append(str(r["optimizer"]))
+    return said + [f"{', '.join(names)} vs {REFERENCE_OPTIMIZER} on {metric}: {verdict}"
+                   for verdict, names in by_verdict.items()]
+
+
+def verdict_lines(summary: pd.DataFrame) -> list[str]:
+    """One HTML line per job for people: the job in bold, then its verdict sentences."""
+    return [f"<b>{html.escape(str(group['job'].iloc[0]))}</b>: "
+            + html.escape("; ".join(verdict_sentences(group))) + "."
+            for _, group in summary[summary["status"] == "ok"].groupby("job_id", sort=False)]
+
+
+# --- the terminal summary ------------------------------------------------------------------------------------
+
+def _words(row: pd.Series, ref: pd.Series | None) -> str:
+    """One optimizer in words: target metric vs the reference and its verdict, memory saved, speed ratio."""
+    if row["status"] != "ok":
+        return f"{row['optimizer']}: {row['status']}" + (f" ({row['error']})" if _present(row.get("error")) else "")
+    metric = QUALITY_METRIC.title.format(metric=row["target_metric"])
+    said = [f"{metric} {metric_cell(row, QUALITY_METRIC)}"]
+    if row["optimizer"] == REFERENCE_OPTIMIZER:
+        said[0] += " (the reference)"
+    elif ref is not None:
+        said[0] += f" vs {REFERENCE_OPTIMIZER} {ref['eval_target']:.4g}" if _present(ref.get("eval_target")) else ""
+        said += [f"Δ {delta_cell(row)}"] if _present(row.get("delta_vs_adamw")) else []
+        saved = row.get(MEM_SAVED)
+        said += [f"memory {'saved' if saved >= 0 else 'added'} {abs(saved):.1f} % vs {REFERENCE_OPTIMIZER}"
+                 ] if _present(saved) else []
+        said += [f"speed {row[SPEED]:.2f}x {REFERENCE_OPTIMIZER}"] if _present(row.get(SPEED)) else []
+    return f"{row['optimizer']}: " + "; ".join(said)
+
+
+def _compact_table(group: pd.DataFrame) -> str:
+    """The job's compact table, columns dropped from the right until every line fits TERMINAL_WIDTH."""
+    target = str(group["target_metric"].iloc[0])
+    rows = [row for _, row in group.iterrows()]
+    compact = sorted((m for m in metrics.METRICS if m.compact), key=lambda m: m.gate != QUALITY)  # quality first
+    table = pd.DataFrame({"optimizer": group["optimizer"],
+                          "status": [f"{r.status} {r.trials}/{r.of_trials}" for r in group.itertuples()],
+                          **{m.title.format(metric=target): [metric_cell(r, m) for r in rows] for m in compact[:1]},
+                          f"Δ vs {REFERENCE_OPTIMIZER}": [delta_cell(r, words=False) for r in rows],
+                          **{m.title.format(metric=target): [metric_cell(r, m) for r in rows] for m in compact[1:]}})
+    table = table.drop(columns=[c for c in table.columns[2:] if (table[c] == "").all()])
+    text = table.to_markdown(index=False)
+    while max(map(len, text.splitlines())) > TERMINAL_WIDTH and table.shape[1] > 2:
+        table = table.iloc[:, :-1]
+        text = table.to_markdown(index=False)
+    return text
+
+
+def render_terminal(summary: pd.DataFrame | Iterable[Record], margin: float | None = None) -> str:
+    """What a run ends with: per job, one line per optimizer in words, then a compact table; no line is wider
+    than TERMINAL_WIDTH (the full table goes to report.md). Takes a summary, or records to summarise with
+    `margin` (summary.summarize)."""
+    if not isinstance(summary, pd.DataFrame):
+        summary = summarize(trials_frame(summary), margin)
+    wrap = textwrap.TextWrapper(width=TERMINAL_WIDTH, subsequent_indent="    ", break_long_words=True)
+    parts = []
+    for _, group in summary.groupby("job_id", sort=False):
+        ref = group[(group["optimizer"] == REFERENCE_OPTIMIZER) & (group["status"] == "ok")]
+        lines = wrap.wrap(str(group["job"].iloc[0]))
+        for _, row in group.iterrows():
+            lines += wrap.wrap(_words(row, ref.iloc[0] if len(ref) else None))
+        lines.append(_compact_table(group))
+        lines += wrap.wrap(notes(group))
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts) + "\n"
+
+
+# --- html and the files ----------------------------------------------------------------------------------
+
+# Click a header to sort its table by that column (numbers by their leading value), click again to reverse.
+SORT_JS = """
+document.querySelectorAll('table.sortable th').forEach((th, col) => th.addEventListener('click', () => {
+  const body = th.closest('table').tBodies[0], rows = Array.from(body.rows);
+  const key = r => { const t = r.cells[col].textContent.trim(), n = parseFloat(t.replace(/,/g, ''));
+                     return isNaN(n) ? t : n; };
+  const dir = th.dataset.dir === 'asc' ? -1 : 1; th.dataset.dir = dir === 1 ? 'asc' : 'desc';
+  rows.sort((a, b) => { const x = key(a), y = key(b);
+    return (typeof x === typeof y ? (x < y ? -1 : x > y ? 1 : 0) : (typeof x === 'number' ? -1 : 1)) * dir; });
+  rows.forEach(r => body.appendChild(r));
+}));
+"""
+STYLE = ("body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;font-size:85%}"
+         "td,th{padding:3px 8px;border-bottom:1px solid #ddd;text-align:right}th{cursor:pointer;"
+         "background:#f4f4f4}th:hover{background:#e4e4f4}img{max-width:100%}.error{color:#a00}"
+         ".note{color:#555;font-size:85%}#verdict{background:#f6f8fa;padding:.5em 1em;border-radius:6px}")
+
+
+def render_html(summary: pd.DataFrame, figures: Iterable[Path] = (), extra: str = "") -> str:
+    """One self-contained page: a verdict in words, sortable tables, then each figure embedded as a base64
+    PNG (mail it, open it offline)."""
+    parts = ["<section id=verdict><h2>Verdict</h2><ul>"
+             + "".join(f"<li>{line}</li>" for line in verdict_lines(summary)) + "</ul></section>"]
+    for job, table, said, errors in display_tables(summary):
+        parts.append(f"<h2>{html.escape(job)}</h2>\n" + table.to_html(index=False, border=0, escape=True,
+                                                                       classes="sortable"))
+        parts.append(f"<p class=note>{html.escape(said)}</p>")
+        parts.extend(f"<p class=error>{html.escape(e)}</p>" for e in errors)
+    if extra:
+        parts.append(f"<pre>{html.escape(extra)}</pre>")
+    for figure in figures:
+        data = base64.b64encode(figure.read_bytes()).decode("ascii")
+        parts.append(f'<figure><img src="data:image/png;base64,{data}" alt="{figure.stem}">'
+                     f"<figcaption>{figure.name}</figcaption></figure>")
+    return (f"<!doctype html>\n<html><head><meta charset=utf-8><title>optbench report</title>"
+            f"<style>{STYLE}</style></head><body>\n<h1>optbench report</h1>\n" + "\n".join(parts)
+            + f"\n<script>{SORT_JS}</script>\n</body></html>\n")
+
+
+def _spans_model_sizes(trials: pd.DataFrame) -> bool:
+    """True for a scaling sweep: some optimizer has ok trials at two or more parameter counts."""
+    ok = trials[trials["status"] == "ok"] if not trials.empty else trials
+    return bool(len(ok)) and bool((ok.groupby("optimizer")["num_params"].nunique() >= 2).any())
+
+
+def write_report(records: list[Record], out_dir: Path, fmt: str = "md", figures: bool = True,
+                 margin: float | None = None) -> tuple[str, list[Path]]:
+    """Write report.md, summary.csv and the figures (and report.html for fmt html) into out_dir.
+
+    Returns (the report rendered in `fmt`, the paths written); report.md and summary.csv come first.
+    `margin`: the verdicts' margin (summary.summarize).
+    """
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown report format '{fmt}'; known: {', '.join(FORMATS)}")
+    trials = trials_frame(records)
+    summary = summarize(trials, margin)
+    markdown = render_markdown(summary)
+    scaling = _spans_model_sizes(trials)
+    if scaling:
+        from optbench.report import scaling as scaling_fit
+
+        markdown += "\n" + scaling_fit.render_scaling_markdown(trials)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [out_dir / "report.md", out_dir / "summary.csv"]
+    paths[0].write_text(markdown, encoding="utf-8")
+    summary.to_csv(paths[1], index=False)
+    if figures:
+        from optbench.report.plots import write_plots
+
+        paths += write_plots(trials, summary, out_dir)
+        if scaling:
+            paths.append(scaling_fit.plot_scaling(trials, out_dir / scaling_fit.FIGURE_NAME))
+    text = {"md": lambda: markdown, "csv": lambda: summary.to_csv(index=False), "json": lambda: render_json(summary),
+            "html": lambda: render_html(summary, [p for p in paths if p.suffix == ".png"],
+                                        render_profile_markdown(summary))}[fmt]()
+    if fmt == "html":
+        paths.append(out_dir / "report.html")
+        paths[-1].write_text(text, encoding="utf-8")
+    return text, paths

@@ -1,0 +1,317 @@
+"""Where and how a trial's process runs: locally (forkserver, fresh interpreter or torchrun) or via submitit.
+
+An executor turns (spec, child environment) into a Record, whatever happens to the process: a timeout,
+a crash or a kill by the out-of-memory killer becomes a record with that status. `stop()` kills every
+child still running (an interrupted sweep must not leave trials training on as orphans).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import multiprocessing
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+from optbench.job.spec import TrialSpec
+from optbench.records.record import Record
+from optbench.sweep.child import PRELOAD, SWEEP_PID_ENV
+from optbench.sweep.devices import cuda_device_count, node_environment, preload_modules, slurm_parameters
+
+STDERR_TAIL_BYTES = 32768  # torchrun's own summary alone is ~1 KB: the rank's error sits above it
+ECHO_POLL_S = 0.2
+STARTUPS = ("forkserver", "spawn")
+OOM_MARKERS = ("std::bad_alloc", "MemoryError", "Cannot allocate memory", "can't allocate memory",
+               "out of memory")
+
+
+class Executor(Protocol):
+    def run(self, spec: TrialSpec, env: dict[str, str]) -> Record: ...
+
+    def stop(self) -> None: ...
+
+
+class FunctionExecutor:
+    """Runs a plain `spec -> Record` function (tests' fakes, or a caller's own trial runner)."""
+
+    def __init__(self, run_trial: Callable[[TrialSpec], Record]):
+        self.run_trial = run_trial
+
+    def run(self, spec: TrialSpec, env: dict[str, str]) -> Record:
+        return self.run_trial(spec)
+
+    def stop(self) -> None:
+        pass
+
+
+def failed_record(spec: TrialSpec, status: str, error: str) -> Record:
+    from optbench.trial.run import record_from_spec  # imports torch: only needed when a child failed
+
+    record = record_from_spec(spec)
+    record.status, record.error = status, error
+    return record
+
+
+# What a dying process says about why: a Python exception, a C++ abort's `what():`, a fatal signal.
+CAUSE = re.compile(r"(\w+(Error|Exception)\b.*|what\(\):.*|Signal \d+ \(\w+\) received.*)$")
+
+
+def _last_lines(tail: bytes, count: int = 3) -> str:
+    """The cause of a crash from the end of a log: in a torchrun group the first cause a rank printed (the root:
+    the other ranks then fail on its absence), else the last line naming one, else the last `count` lines."""
+    lines = [line.strip() for line in tail.decode(errors="replace").replace("\r", "\n").splitlines()]
+    lines = [line for line in lines if line]
+    ranks = [found.group(1) for line in lines if (line.startswith("[rank") or "what():" in line)
+             and (found := CAUSE.search(re.sub(r"^\[rank\d+\]:\s*", "", line)))]
+    causes = ranks[:1] or [found.group(1) for line in lines if (found := CAUSE.search(line))][-1:]
+    return causes[0][:500] if causes else " | ".join(lines[-count:]) or "no output"
+
+
+def _read_tail(log_path: Path) -> bytes:
+    with open(log_path, "rb") as handle:
+        handle.seek(max(0, log_path.stat().st_size - STDERR_TAIL_BYTES))
+        return handle.read()
+
+
+def _echo(log_path: Path, done: threading.Event) -> None:
+    """Follow the child's log onto our stderr (its progress bar included) until `done`; TTY sweeps only."""
+    out = sys.stderr.buffer
+    with open(log_path, "rb") as handle:
+        while True:
+            finished = done.is_set()
+            if chunk := handle.read():
+                out.write(chunk)
+                out.flush()
+            if finished:
+                return
+            time.sleep(ECHO_POLL_S)
+
+
+class _Child:
+    """One running child: a subprocess.Popen or a multiprocessing.Process, waited on the same way."""
+
+    def __init__(self, handle: subprocess.Popen | multiprocessing.process.BaseProcess):
+        self.handle = handle
+        self.pid = handle.pid
+
+    def wait(self, timeout_s: float | None) -> int | None:
+        if isinstance(self.handle, subprocess.Popen):
+            try:
+                return self.handle.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                return None
+        self.handle.join(timeout_s)
+        return self.handle.exitcode
+
+    def kill(self) -> None:
+        """SIGKILL the child's whole process group (it calls setsid first; before that, just itself)."""
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+        self.wait(None)
+
+
+class LocalExecutor:
+    """One fresh process per trial on this machine.
+
+    startup="forkserver" forks each child from a server process that imported torch, transformers and
+    datasets once (seconds saved per trial); "spawn" starts a fresh interpreter per trial. Trials with
+    `spec.parallel != "none"` always go through `torchrun`, which starts its own ranks.
+    `spec.max_memory_bytes` caps what each trial may add to its address space (RLIMIT_AS). Every child learns
+    this process's pid (OPTBENCH_SWEEP_PID) and dies with it, whatever kills it (process/child.py).
+    `uses_bitsandbytes`: preload bitsandbytes into the forkserver where that is safe (process/devices.py).
+    """
+
+    def __init__(self, startup: str = "forkserver", uses_bitsandbytes: bool = False, echo: bool | None = None):
+        if startup not in STARTUPS:
+            raise ValueError(f"startup must be one of {', '.join(STARTUPS)}, got '{startup}'")
+        self.startup = startup
+        self.echo = sys.stderr.isatty() if echo is None else echo
+        self.preload = preload_modules(PRELOAD, uses_bitsandbytes, cuda_device_count() if uses_bitsandbytes else 0)
+        self._context: multiprocessing.context.BaseContext | None = None
+        self._lock = threading.Lock()
+        self._running: set[_Child] = set()
+        self._stopped = False
+
+    def run(self, spec: TrialSpec, env: dict[str, str]) -> Record:
+        child_env = {"TOKENIZERS_PARALLELISM": "false", SWEEP_PID_ENV: str(os.getpid()), **env}
+        if self.echo:
+            child_env["OPTBENCH_PROGRESS"] = "1"  # the trial's bar reaches our terminal; a log gets none
+        with tempfile.TemporaryDirectory(prefix="optbench-") as tmp:
+            spec_path, record_path, log_path = (Path(tmp) / name for name in ("spec.json", "record.json", "log"))
+            spec_path.write_text(json.dumps(spec.to_dict()))
+            log_path.touch()
+            launched_at = time.time()
+            child = self._launch(spec, spec_path, record_path, log_path, launched_at, child_env)
+            if child is None:
+                return failed_record(spec, "error", "sweep stopped before this trial started")
+            done = threading.Event()
+            echo = threading.Thread(target=_echo, args=(log_path, done), daemon=True) if self.echo else None
+            if echo is not None:
+                echo.start()
+            try:
+                returncode = child.wait(spec.timeout_s)
+                if returncode is None:
+                    child.kill()
+            finally:
+                with self._lock:
+                    self._running.discard(child)
+                done.set()
+                if echo is not None:
+                    echo.join(timeout=5)
+            wall_s = time.time() - launched_at
+            if returncode is None:
+                record = failed_record(spec, "timeout", f"trial exceeded its {spec.timeout_s:g} s timeout")
+            elif record_path.is_file():
+                record = Record.from_dict(json.loads(record_path.read_text()))
+            else:
+                record = self._died(spec, returncode, _read_tail(log_path))
+            if record.wall_s is None or returncode is None:
+                record.wall_s = wall_s
+            return record
+
+    def _launch(self, spec: TrialSpec, spec_path: Path, record_path: Path, log_path: Path, launched_at: float,
+                env: dict[str, str]) -> _Child | None:
+        with self._lock:
+            if self._stopped:
+                return None
+            if spec.parallel != "none":
+                child = _Child(self._torchrun(spec, spec_path, record_path, log_path, env))
+            elif self.startup == "forkserver":
+                process = self._forkserver_locked().Process(
+                    target=_child_entry, daemon=False,
+                    args=(str(spec_path), str(record_path), str(log_path), launched_at, env))
+                process.start()
+                child = _Child(process)
+            else:
+                command = [sys.executable, "-m", "optbench.sweep.child", "run", str(spec_path), str(record_path),
+                           str(log_path), repr(launched_at)]
+                child = _Child(subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                                stderr=subprocess.DEVNULL, start_new_session=True,
+                                                env={**os.environ, **env}))
+            self._running.add(child)
+            return child
+
+    def _forkserver_locked(self) -> multiprocessing.context.BaseContext:
+        """The forkserver, started on first use with the preloads. Its environment is what libraries read
+        at import (once, in the server): tokenizers without their own thread pool, and a CUDA check
+        through NVML so that nothing preloaded initialises CUDA."""
+        if self._context is None:
+            from multiprocessing import forkserver
+
+            self._context = multiprocessing.get_context("forkserver")
+            self._context.set_forkserver_preload(list(self.preload))
+            saved = os.environ.copy()
+            os.environ.update({"TOKENIZERS_PARALLELISM": "false", "PYTORCH_NVML_BASED_CUDA_CHECK": "1"})
+            try:
+                forkserver.ensure_running()
+            finally:
+                os.environ.clear()
+                os.environ.update(saved)
+        return self._context
+
+    @staticmethod
+    def _torchrun(spec: TrialSpec, spec_path: Path, record_path: Path, log_path: Path,
+                  env: dict[str, str]) -> subprocess.Popen:
+        """torchrun in a session of its own (its pid is its group: a timeout kills it whole); rank 0 writes."""
+        with open(log_path, "ab") as log:
+            return subprocess.Popen(
+                launch_command(spec, spec_path, record_path),
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, env={**os.environ, **env})
+
+    def _died(self, spec: TrialSpec, returncode: int, tail: bytes) -> Record:
+        """A child that exited without writing its record: out of memory if the signs say so, else an error."""
+        last = _last_lines(tail)
+        text = tail.decode(errors="replace")
+        if returncode in (-signal.SIGKILL, 137):
+            return failed_record(spec, "oom", f"trial process was killed (out of memory?): {last}")
+        if any(marker in text for marker in OOM_MARKERS):
+            return failed_record(spec, "oom", f"trial process ran out of memory (exit code {returncode}): {last}")
+        return failed_record(spec, "error", f"trial process exited with code {returncode}: {last}")
+
+    def stop(self) -> None:
+        """Kill every running child and launch no more (an interrupted sweep)."""
+        with self._lock:
+            self._stopped = True
+            running = list(self._running)
+        for child in running:
+            child.kill()
+
+
+def launch_command(spec: TrialSpec, spec_path: Path, record_path: Path) -> list[str]:
+    """The command that runs `spec` as a torchrun group; rank 0 writes the record to `record_path`.
+
+    `python -m torch.distributed.run` is `torchrun` from this interpreter (the venv's torch, whatever PATH
+    says); `--standalone` picks a free rendezvous port on this host.
+    """
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(spec.nproc),
+            "-m", "optbench.sweep.child", "rank", str(spec_path), str(record_path)]
+
+
+def _child_entry(*args) -> None:
+    """Forkserver target (module-level so it pickles by name)."""
+    from optbench.sweep.child import run_child
+
+    run_child(*args)
+
+
+class SubmititExecutor:
+    """Each trial as one submitit job: `slurm` on a cluster, `local` or `debug` on this machine (tests).
+
+    The job runs the trial through a LocalExecutor on its node (fresh interpreter per trial, timeout,
+    crash isolation) and returns the record; the sweep appends it to its one results file.
+    """
+
+    def __init__(self, folder: Path, cluster: str = "slurm"):
+        import submitit
+
+        self.executor = submitit.AutoExecutor(folder=folder, cluster=cluster)
+        self.cluster = cluster
+        self._lock = threading.Lock()
+        self._jobs: set = set()
+        self._stopped = False
+
+    def run(self, spec: TrialSpec, env: dict[str, str]) -> Record:
+        import submitit
+
+        # submitit's own limit sits past the trial's, so a slow trial is a `timeout` record, not a lost job
+        parameters = slurm_parameters(spec.device, spec.nproc, spec.timeout_s, f"optbench-{spec.optimizer}")
+        if self.cluster != "slurm":
+            parameters.pop("gpus_per_node", None)
+        with self._lock:
+            if self._stopped:
+                return failed_record(spec, "error", "sweep stopped before this trial started")
+            self.executor.update_parameters(**parameters)
+            job = self.executor.submit(run_on_node, spec.to_dict(), node_environment(env))
+            self._jobs.add(job)
+        try:
+            return Record.from_dict(job.result())
+        except (submitit.core.utils.FailedJobError, submitit.core.utils.UncompletedJobError) as exc:
+            return failed_record(spec, "error", f"submitit job {job.job_id} failed: {_last_lines(str(exc).encode())}")
+        finally:
+            with self._lock:
+                self._jobs.discard(job)
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped = True
+            jobs = list(self._jobs)
+        for job in jobs:
+            job.cancel(check=False)
+
+
+def run_on_node(spec: dict, env: dict[str, str]) -> dict:
+    """The submitit job: one trial in a fresh local child, its record as plain data; slurm's GPU mask stands."""
+    executor = LocalExecutor(startup="spawn", echo=False)
+    return executor.run(TrialSpec.from_dict(spec), env).to_dict()

@@ -1,0 +1,177 @@
+"""Run a sweep: up to `jobs` trials at once, each in its own fresh process, every record appended as it lands.
+
+A fresh process per trial keeps peak-memory readings comparable (nothing left over from the previous
+optimizer) and contains crashes: a segfault, an OOM kill or a hang becomes a record with a status
+(executors.py). Trials already recorded `ok` in the output file are skipped, so re-running a killed
+sweep resumes it. Records are appended one at a time under a file lock, so concurrent trials, or two
+sweeps sharing a file, never tear or interleave a line.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from pathlib import Path
+from typing import TextIO
+
+from optbench.job.spec import TrialSpec
+from optbench.records.record import Record, append_record, completed_trial_ids
+from optbench.sweep.devices import cuda_device_count, gpu_slots, trial_environment, visible_gpus, wants_cuda
+from optbench.sweep.executors import Executor, FunctionExecutor, LocalExecutor
+
+
+class SweepInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a sweep: running children were stopped; `recorded` trials made it to the file."""
+
+    def __init__(self, recorded: int):
+        super().__init__(recorded)
+        self.recorded = recorded
+
+
+class ResultsWriteError(OSError):
+    """A record could not be appended (disk full, file gone read-only): the sweep stops, nothing is torn."""
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
+
+
+def run_in_subprocess(spec: TrialSpec) -> Record:
+    """Run one trial in a fresh interpreter (no forkserver); a timeout or crash becomes a record with that status."""
+    return LocalExecutor(startup="spawn").run(spec, {})
+
+
+def slot_count(specs: list[TrialSpec], jobs: int, gpus: int) -> int:
+    """Trials at once: `jobs`, but on CUDA never more than the visible GPUs hold (a torchrun group takes N)."""
+    if not any(wants_cuda(s.device, gpus) for s in specs):
+        return jobs
+    return gpu_slots(visible_gpus(os.environ, gpus), jobs, max(s.nproc for s in specs))
+
+
+def slot_environment(spec: TrialSpec, slot: int, slots: int, gpus: int) -> dict[str, str]:
+    """What the trial in `slot` adds to its environment: its GPU(s), or its share of the CPU threads."""
+    return trial_environment(spec.device, spec.nproc, slot, visible_gpus(os.environ, gpus), slots,
+                             os.cpu_count() or 1)
+
+
+class _Progress:
+    """One plain line per finished trial, `[i/N] ... ETA`: readable in a log file, no carriage returns."""
+
+    def __init__(self, total: int, stream: TextIO | None):
+        self.total, self.stream, self.done, self.started = total, stream, 0, time.perf_counter()
+
+    def finished(self, record: Record) -> None:
+        self.done += 1
+        if self.stream is None:
+            return
+        elapsed = time.perf_counter() - self.started
+        left = self.total - self.done
+        eta = f"ETA {_duration(elapsed / self.done * left)}" if left else "done"
+        print(f"optbench: [{self.done}/{self.total}] {record.optimizer} seed={record.seed} {record.status} "
+              f"in {_duration(record.wall_s or 0.0)}; {eta}", file=self.stream, flush=True)
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+def run_sweep(specs: list[TrialSpec], out_path: Path, run_id: str | None = None,
+              run_trial: Callable[[TrialSpec], Record] | None = None,
+              on_record: Callable[[Record], None] | None = None, *, jobs: int = 1,
+              executor: Executor | None = None, progress: TextIO | None = sys.stderr) -> list[Record]:
+    """Run every spec not already `ok` in `out_path`, appending each record as soon as it exists.
+
+    `run_trial` (a plain function) or `executor` says how a trial runs; by default each runs in a
+    fresh local process forked from a preloaded forkserver. Up to `jobs` run at once. Ctrl-C stops
+    the running children and raises SweepInterrupted; a failed append raises ResultsWriteError.
+    """
+    pending = _pending(specs, out_path, on_record)
+    if not pending:
+        return []
+    if executor is None:
+        executor = FunctionExecutor(run_trial) if run_trial is not None else LocalExecutor()
+    gpus = cuda_device_count() if any(s.device != "cpu" for s in pending) else 0
+    slots = slot_count(pending, jobs, gpus)
+    free: queue.SimpleQueue[int] = queue.SimpleQueue()
+    for slot in range(slots):
+        free.put(slot)
+
+    def in_slot(spec: TrialSpec) -> Record:
+        slot = free.get()
+        try:
+            return executor.run(spec, slot_environment(spec, slot, slots, gpus))
+        finally:
+            free.put(slot)
+
+    store = _Store(out_path, run_id or new_run_id(), _Progress(len(pending), progress), on_record)
+    pool = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="trial")
+    try:
+        running: set[Future[Record]] = {pool.submit(in_slot, spec) for spec in pending}
+        while running:
+            finished, running = wait(running, return_when=FIRST_COMPLETED)
+            # Trials that finished are recorded before a failure among them (an interrupt) is raised.
+            for future in sorted(finished, key=lambda f: f.exception() is not None):
+                store.add(future.result())
+    except BaseException as exc:
+        executor.stop()
+        pool.shutdown(wait=True, cancel_futures=True)
+        if isinstance(exc, KeyboardInterrupt):
+            raise SweepInterrupted(len(store.records)) from None
+        raise
+    pool.shutdown()
+    return store.records
+
+
+def _pending(specs: list[TrialSpec], out_path: Path, on_record: Callable[[Record], None] | None) -> list[TrialSpec]:
+    """The specs not yet recorded `ok` in `out_path`; the others are announced as already done."""
+    done = completed_trial_ids(out_path)
+    for spec in specs:
+        if spec.trial_id in done and on_record is not None:
+            on_record(_skipped_note(spec))
+    return [spec for spec in specs if spec.trial_id not in done]
+
+
+class _Store:
+    """Appends each finished trial's record (one line, locked, fsynced), then reports it."""
+
+    def __init__(self, out_path: Path, run_id: str, tracker: _Progress,
+                 on_record: Callable[[Record], None] | None) -> None:
+        self.out_path, self.run_id, self.tracker, self.on_record = out_path, run_id, tracker, on_record
+        self.records: list[Record] = []
+
+    def add(self, record: Record) -> None:
+        record.run_id = self.run_id
+        try:
+            append_record(self.out_path, record)
+        except OSError as exc:
+            raise ResultsWriteError(exc.errno, f"cannot append to {self.out_path}: {exc.strerror or exc}; "
+                                               f"{len(self.records)} trials recorded") from exc
+        self.records.append(record)
+        self.tracker.finished(record)
+        if self.on_record is not None:
+            self.on_record(record)
+
+
+def _skipped_note(spec: TrialSpec) -> Record:
+    """A record for display only (never stored): this trial is already recorded ok."""
+    return Record(trial_id=spec.trial_id, status="skipped", optimizer=spec.optimizer, seed=spec.seed,
+                  workload=spec.workload, error="already recorded ok in this results file")
+
+
+def record_skipped(spec: TrialSpec, reason: str, out_path: Path,
+                   on_record: Callable[[Record], None] | None = None) -> Record:
+    """Record a trial that cannot run here (its library is missing, it needs CUDA) as `skipped`, with why."""
+    from optbench.sweep.executors import failed_record
+
+    record = failed_record(spec, "skipped", f"unavailable here: {reason}")
+    append_record(out_path, record)
+    if on_record is not None:
+        on_record(record)
+    return record

@@ -1,0 +1,131 @@
+"""What every engine gets and gives back: the prepared trial (`Setup`), its per-step log and its result.
+
+An engine is a function `(setup, record) -> EngineResult` that trains `setup.spec.steps` steps, fills
+`record.loss_curve`, `first_step_s` and `eval_curve`, and returns the memory window it opened plus the per-step
+times after warm-up; the trial (optbench/trial/run.py) builds the `Setup` before and describes the record after.
+These types live here, below both, so that the engines never import the trial that calls them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from optbench.job.spec import TrialSpec
+    from optbench.optimizers import OptimizerSpec
+    from optbench.probes.measure import MemoryWindow
+    from optbench.records.record import Record
+    from optbench.trial.precision import Precision
+
+EVAL_CURVE_ROWS = 256  # the fixed subset `--eval-every` evaluates: enough for a curve, cheap enough to repeat
+
+
+class Diverged(RuntimeError):
+    """The training loss became non-finite or blew up."""
+
+
+@dataclass
+class Setup:
+    """Everything an engine needs to train one trial."""
+
+    spec: TrialSpec
+    device: torch.device
+    precision: Precision
+    workload: Any  # optbench.workloads.Workload
+    built: Any  # optbench.workloads.Built
+    model: torch.nn.Module
+    entry: OptimizerSpec
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler | None = None
+    params: list[torch.nn.Parameter] = field(default_factory=list)
+    # Called after each step with the step's index, outside its timed intervals and the memory window's peak
+    # (the resume check saves its checkpoint here). None: nothing to do.
+    after_step: Any = None
+    resume: Any = None  # the trial's TrainerResumeCheck, for the trainer engine (which saves through Trainer)
+    held_after_step_bytes: int | None = None  # RSS growth right after the last optimizer step (CPU)
+
+    @property
+    def curve_split(self) -> dict[str, torch.Tensor] | None:
+        """The fixed subset `--eval-every` scores: the head of the eval split (of validation where none was built)."""
+        from optbench.workloads.base import take
+
+        split = self.built.eval if self.built.eval is not None else self.built.val
+        return None if split is None else take(split, slice(0, EVAL_CURVE_ROWS))
+
+    def rebuild_optimizer(self, make: Any) -> None:
+        """Replace the optimizer before any step (a parallel mode wraps or shards it) and re-attach the schedule."""
+        from optbench.probes import measure
+        from optbench.trial.schedules import make_scheduler
+
+        self.optimizer = make()
+        self.scheduler = make_scheduler(self.optimizer, self.spec.schedule, self.spec.steps, self.spec.warmup_steps)
+        measure.slow_down_if_asked(self.optimizer)
+
+
+def evaluate(s: Setup, split: dict[str, torch.Tensor]) -> dict[str, float]:
+    """The workload's metrics on `split`, in eval mode (and the optimizer's eval mode, e.g. schedule-free)."""
+    s.model.eval()
+    s.entry.before_eval(s.optimizer)
+    try:
+        with s.precision.autocast(s.device):
+            return s.workload.evaluate(s.model, split, s.device)
+    finally:
+        s.entry.after_eval(s.optimizer)
+        s.model.train()
+
+
+@dataclass
+class EngineResult:
+    memory: MemoryWindow  # opened after setup and the warm-up pass: the trial reads its peaks
+    step_times: list[float]  # whole steps after warm-up, seconds
+    optimizer_times: list[float]  # optimizer.step() alone, same steps
+
+
+class StepLog:
+    """What a loop records after each step, the same in every engine: the loss curve, the step and optimizer-step
+    samples sorted by `timing.StepSamples` (warm-up out, the first step that stepped apart, a step an fp16 loss
+    scaler skipped listed in `record.skipped_steps` and kept out of the medians), divergence, the `--eval-every`
+    curve (evaluated between steps, on the fixed subset, against training seconds so far, outside the memory
+    window's peak: see `MemoryWindow.paused`) and the setup's `after_step` hook (the resume check's save)."""
+
+    def __init__(self, s: Setup, record: Record, memory: MemoryWindow | None = None) -> None:
+        from optbench.probes.timing import StepSamples
+
+        self.s, self.record, self.memory = s, record, memory
+        self.curve_split = s.curve_split if s.spec.eval_every else None
+        self.samples = StepSamples(s.spec.warmup_steps)
+        self.step_times, self.optimizer_times = self.samples.step_times, self.samples.optimizer_times
+        self.trained_s = 0.0
+
+    def after_step(self, step: int, step_s: float, optimizer_s: float, loss_value: float,
+                   stepped: bool = True) -> None:
+        spec, record = self.s.spec, self.record
+        self.trained_s += step_s
+        record.loss_curve.append(loss_value)
+        self.samples.add(step, step_s, optimizer_s, stepped)
+        self.samples.fill(record)
+        if not math.isfinite(loss_value):
+            raise Diverged(f"loss became {loss_value} at step {step}")
+        if self.curve_split is not None and (step + 1) % spec.eval_every == 0:
+            record.eval_curve.append([step + 1, self.trained_s, self._curve_point()])
+        if self.s.after_step is not None:
+            if self.memory is None:
+                self.s.after_step(step)
+            else:
+                with self.memory.paused():
+                    self.s.after_step(step)
+
+    def _curve_point(self) -> float:
+        """One eval-curve value; its memory (an LM's fp32 logits) must not count as the training peak."""
+        if self.memory is None:
+            return evaluate(self.s, self.curve_split)[self.record.target_metric]
+        with self.memory.paused():
+            return evaluate(self.s, self.curve_split)[self.record.target_metric]
+
+    def result(self, memory: MemoryWindow) -> EngineResult:
+        return EngineResult(memory=memory, step_times=self.step_times, optimizer_times=self.optimizer_times)
