@@ -1,18 +1,20 @@
 """recommend: what fits a budget (estimate.py's counts + measured activations), Pareto front first, quality in
 the results' own target metric and direction, differences to adamw in the verdict words."""
 
+import statistics
 from pathlib import Path
 
 import pytest
 
 from optbench.__main__ import main
 from optbench.memory import estimate as est
-from optbench.memory.recommend import recommend, render
-from optbench.records.record import Record
+from optbench.memory.recommend import quality_of, recommend, render
+from optbench.records.record import Record, read_records
 
 MIB = 2**20
 SIZE = est.size_from_count(10_000_000)
 REFERENCE_RESULTS = Path(__file__).resolve().parents[1] / "results" / "cpu-2core" / "default.jsonl"
+STUDY_RESULTS = REFERENCE_RESULTS.with_name("study.jsonl")
 
 
 def _records(rows):
@@ -99,3 +101,40 @@ def test_a_lower_is_better_metric_turns_the_front_around():
     assert "activations and perplexity measured in lm.jsonl" in text
     assert "perplexity 18.01 (better by at least 2 % vs adamw)" in text
     assert "fits, but adamw8bit needs no more memory and scores at least as well" in text
+
+
+def _adafactor_finals(records):
+    """Adafactor's final record per seed, found by hand: the final stage ran at the lr the walk chose; seed 0's
+    final is its tune trial at that lr (the walk's other lrs were rejected)."""
+    chosen = {r.lr for r in records if r.optimizer == "adafactor" and r.stage == "final"}
+    assert len(chosen) == 1
+    return {r.seed: r for r in records if r.optimizer == "adafactor" and r.lr in chosen and r.status == "ok"}
+
+
+@pytest.mark.skipif(not STUDY_RESULTS.is_file(), reason="the committed study is not in this checkout")
+def test_recommend_on_a_study_reads_only_each_seeds_final_record(capsys):
+    records = read_records(STUDY_RESULTS)
+    finals = _adafactor_finals(records)
+    assert len([r for r in records if r.optimizer == "adafactor" and r.seed == 0]) > 1  # the walk tried other lrs
+    assert quality_of(records).by_seed["adafactor"] == {seed: r.eval_accuracy for seed, r in finals.items()}
+    assert main(["recommend", "--params", "22714371", "--gpu-memory", "24GiB", "--results", str(STUDY_RESULTS)]) == 0
+    out = capsys.readouterr().out
+    line = next(line for line in out.splitlines() if line.startswith("adafactor "))
+    assert f"accuracy {statistics.fmean(r.eval_accuracy for r in finals.values()):.4g} " in line
+
+
+def test_only_the_finals_of_a_study_count_and_a_second_job_is_named_not_mixed():
+    """Constructed: a walk's rejected lr on seed 0 (tune, 0.30) beside the chosen one (tune, 0.90) and a final
+    seed; a second job (another batch size) in the same file is left out, and the header says so."""
+    def study(trial, stage, lr, seed, accuracy, batch_size=16):
+        return Record(trial_id=trial, optimizer="adamw", seed=seed, status="ok", stage=stage, lr=lr, steps=10,
+                      batch_size=batch_size, eval_accuracy=accuracy, val_accuracy=accuracy, val_metric=accuracy,
+                      eval_metrics={"accuracy": accuracy}, other_peak_bytes=100 * MIB, state_bytes_per_param=8.0)
+
+    records = [study("t1", "tune", 1e-2, 0, 0.30), study("t2", "tune", 1e-3, 0, 0.90),
+               study("f1", "final", 1e-3, 1, 0.80), study("other", None, 1e-3, 0, 0.10, batch_size=64)]
+    assert quality_of(records).by_seed == {"adamw": {0: 0.90, 1: 0.80}}
+    rows = recommend(SIZE, 10 * 2**30, records)
+    assert next(r for r in rows if r.estimate.optimizer == "adamw").quality == pytest.approx(0.85)
+    header = render(rows, SIZE, 10 * 2**30, "fp32", "r.jsonl").splitlines()[1]
+    assert "batch 16" in header and "1 other job in r.jsonl left out" in header

@@ -7,6 +7,10 @@ in them (`other_peak_bytes`: peak minus weights, grads and state). Quality is th
 how it compares with AdamW is said in the verdict words of stats.py (paired over the seeds both ran).
 Among the optimizers that fit, the ones on the Pareto front (stats.pareto_front: no other fitting optimizer
 needs less memory *and* scores at least as well) come first; then the rest that fit; then what does not fit.
+
+From results, only one job's final trials count, as the report reads them (report/frame.py): a study's lr walk
+tries lrs it then rejects, and those trials say nothing about the optimizer at its chosen lr. A results file
+holding several jobs gives its measurements from the job with the most ok finals; the header names it.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ class Recommendation:
     verdict: str | None = None  # against the reference optimizer, in the verdict words
     metric: str = "accuracy"  # the results' target metric
     mode: str = "max"  # its direction: "max" larger is better, "min" smaller
+    job: str | None = None  # the results' job the measurements come from (None: no results)
+    other_jobs: int = 0  # jobs in the results that were left out
 
     @property
     def total_bytes(self) -> int:
@@ -75,8 +81,36 @@ def _per_seed(records: Sequence[Record], value: Callable[[Record], float | None]
     return {name: {seed: statistics.fmean(v) for seed, v in seeds.items()} for name, seeds in values.items()}
 
 
+@dataclass(frozen=True)
+class Finals:
+    """The records recommend reads: one job's final trials, its label and how many other jobs were left out."""
+
+    records: list[Record]
+    job: str | None = None
+    other_jobs: int = 0
+
+
+def finals_of(records: Sequence[Record]) -> Finals:
+    """The final trials (report/frame.py's `final`: a `run`'s trials, a study's final stage and its tune trials at
+    the chosen lr) of the job with the most ok finals (ties: the first in the file)."""
+    from optbench.report.frame import trials_frame
+
+    frame = trials_frame(records)
+    finals = frame[frame["final"]] if not frame.empty else frame
+    if finals.empty:
+        return Finals([])
+    ok = finals["status"] == "ok"
+    counts = ok.groupby(finals["job_id"], sort=False).sum()
+    chosen = finals[finals["job_id"] == counts.idxmax()]
+    return Finals(list(chosen["record"]), str(chosen["job"].iloc[0]), finals["job_id"].nunique() - 1)
+
+
 def quality_of(records: Sequence[Record]) -> Quality:
-    """The target metric the ok records carry (the first one with a value names it)."""
+    """The target metric of one job's final trials (`finals_of`); the first ok one with a value names it."""
+    return _quality(finals_of(records).records)
+
+
+def _quality(records: Sequence[Record]) -> Quality:
     scored = next((r for r in records if r.status == "ok" and eval_target(r) is not None), None)
     if scored is None:
         return Quality()
@@ -89,11 +123,13 @@ def recommend(size: est.ModelSize, budget_bytes: int, records: Sequence = (), pr
               ) -> list[Recommendation]:
     """Every registered optimizer, Pareto front of those that fit first, then other fits, then misfits. With a
     batch size and sequence length (and a model read from its config) memory is the predicted peak plus the
-    predictor's safety margin (optbench.memory.predict), not a sum plus a measured overhead."""
-    measured_state = est.measured_bytes_per_param(records) if records else None
+    predictor's safety margin (optbench.memory.predict), not a sum plus a measured overhead. From `records` only
+    one job's final trials count (`finals_of`)."""
+    finals = finals_of(records) if records else Finals([])
+    measured_state = est.measured_bytes_per_param(finals.records) if finals.records else None
     activations = {name: statistics.fmean(seeds.values())
-                   for name, seeds in _per_seed(records, lambda r: r.other_peak_bytes).items()}
-    quality = quality_of(records)
+                   for name, seeds in _per_seed(finals.records, lambda r: r.other_peak_bytes).items()}
+    quality = _quality(finals.records)
     reference = quality.by_seed.get(resolve(REFERENCE_OPTIMIZER).name, {})
     # An optimizer the results lack gets the largest overhead they measured: a fit should not be a guess.
     fallback_activation = max(activations.values()) if activations else None
@@ -107,7 +143,7 @@ def recommend(size: est.ModelSize, budget_bytes: int, records: Sequence = (), pr
             estimate=estimate, activation_bytes=None if activation is None else round(activation),
             quality=quality.mean(estimate.optimizer), fits=False, pareto=False,
             unavailable=REGISTRY[estimate.optimizer].unavailable_reason(), verdict=found.text if found else None,
-            metric=quality.metric, mode=quality.mode))
+            metric=quality.metric, mode=quality.mode, job=finals.job, other_jobs=finals.other_jobs))
     rows = [dataclasses.replace(r, fits=r.total_bytes <= budget_bytes) for r in rows]
     scored = [r for r in rows if r.fits and r.quality is not None]
     front = {id(scored[i]) for i in stats.pareto_front(*zip(*(r.point() for r in scored), strict=True))} \
@@ -148,6 +184,17 @@ def _reason(row: Recommendation, rows: Sequence[Recommendation], budget_bytes: i
     return f"{e.optimizer:<22} {_gib(row.total_bytes):>11} = {parts}; {quality}; {verdict}{note}"
 
 
+def _measured_note(rows: Sequence[Recommendation], results_name: str) -> str:
+    """Where the measurements come from: the job whose final trials were read, and what was left out."""
+    first = rows[0] if rows else None
+    if first is None or first.job is None:
+        return f"no final trial in {results_name}: activations and quality not measured"
+    plural = "s" if first.other_jobs > 1 else ""
+    others = f"; {first.other_jobs} other job{plural} in {results_name} left out" if first.other_jobs else ""
+    return (f"activations and {first.metric} measured in {results_name}: the final trials of {first.job} (valid "
+            f"for that job's batch and sequence length){others}")
+
+
 def render(rows: Sequence[Recommendation], size: est.ModelSize, budget_bytes: int, precision: str,
            results_name: str | None) -> str:
     """A header (what was counted), the answer, then one line of reasoning per optimizer."""
@@ -156,9 +203,7 @@ def render(rows: Sequence[Recommendation], size: est.ModelSize, budget_bytes: in
     if rows and rows[0].estimate.predicted_peak_bytes is not None:
         header.append(est.band_note(rows[0].estimate))
     if results_name:
-        metric = rows[0].metric if rows else "accuracy"
-        header.append(f"activations and {metric} measured in {results_name} (valid for that job's batch and "
-                      "sequence length)")
+        header.append(_measured_note(rows, results_name))
     elif not rows or rows[0].estimate.predicted_peak_bytes is None:
         header.append("no --results: activations, temporaries and the CUDA context come on top; quality unknown")
     fitting = [r for r in rows if r.fits]
