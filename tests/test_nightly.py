@@ -131,14 +131,14 @@ def test_bad_arguments_are_one_line(tmp_path, capsys, args, message):
 
 def test_stage_commands():
     config = nightly.NightConfig(device="cpu", preset="smoke", baseline=Path("b"), out=Path("o"),
-                                 thresholds=nightly.thresholds_for("cpu"), optimizers=("adamw",),
+                                 thresholds=compare.thresholds_for("cpu"), optimizers=("adamw",),
                                  job_argv=("--workload", "tiny"))
     bench = nightly.benchmark_command(config, Path("o/benchmarks.json"))
     assert "--benchmark-save-data" in bench and "--optbench-preset=smoke" in bench
     assert "benchmarks/test_finetune.py::test_finetune[adamw]" in bench
     sweep = nightly.sweep_command(config, Path("o/sweep.jsonl"))
     assert sweep[-4:] == ["--workload", "tiny", "--optimizers", "adamw"]
-    assert nightly.thresholds_for("cuda:1") == compare.DEFAULT_THRESHOLDS["cuda"]
+    assert compare.thresholds_for("cuda:1") == compare.DEFAULT_THRESHOLDS["cuda"]
 
 
 def test_every_job_flag_given_to_nightly_reaches_its_sweep():

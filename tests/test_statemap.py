@@ -14,7 +14,6 @@ import transformers
 from optbench import optimizers
 from optbench.memory.statemap import (
     SHARED,
-    ExplainError,
     StateRow,
     analytic_state_map,
     bytes_by_module,
@@ -28,7 +27,7 @@ from optbench.memory.statemap import (
 )
 from optbench.optimizers import Param
 from optbench.probes.measure import optimizer_state_bytes
-from optbench.workloads import minilm_path, tiny_bert_config
+from optbench.workloads import WorkloadError, minilm_path, tiny_bert_config
 
 ALL = list(optimizers.REGISTRY.values())
 DTYPES = [torch.float32, torch.bfloat16]
@@ -216,7 +215,7 @@ def test_explain_errors_are_one_line_value_errors(call, message):
 
 
 def test_a_model_that_is_not_there_names_the_offline_default():
-    with pytest.raises(ExplainError, match="not a local model folder"):
+    with pytest.raises(WorkloadError, match="not a local model folder"):
         explain_model(model="no-such-org/no-such-model")
 
 

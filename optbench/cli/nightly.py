@@ -13,10 +13,11 @@ from optbench.records import exits
 
 def nightly_command(args: argparse.Namespace) -> int:
     from optbench.job import planner
+    from optbench.report.compare import thresholds_for
     from optbench.workflows import nightly
 
     names = tuple(planner.resolve_names(args.optimizers)) if args.optimizers else ()
-    limits = with_overrides(nightly.thresholds_for(args.device), args)
+    limits = with_overrides(thresholds_for(args.device), args)
     config = nightly.NightConfig(device=args.device, preset=args.preset, baseline=args.baseline, out=args.out,
                                  thresholds=limits, optimizers=names, job_argv=tuple(job_argv(args)),
                                  strict_env=args.strict_env, accept=args.accept)

@@ -97,28 +97,20 @@ def size_from_model(source: str, num_labels: int | None = None) -> ModelSize:
     unreachable hub costs ~25 s of retries before it fails).
     """
     import transformers
-    from accelerate import init_empty_weights
 
-    extra = {"num_labels": num_labels} if num_labels else {}
+    from optbench.workloads import WorkloadError, model_config, model_name_for_source, on_meta_device
+
+    extra, hint = {"num_labels": num_labels} if num_labels else {}, offline_hint()
     try:
-        config = transformers.AutoConfig.from_pretrained(source, local_files_only=True, **extra)
-    except (OSError, ValueError) as exc:
-        raise EstimateError(f"cannot read the config of model '{source}' (not a local model folder nor in the "
-                            f"local Hugging Face cache); {offline_hint()}") from exc
-    names = getattr(config, "architectures", None) or []
-    named_class = getattr(transformers, names[0], None) if names and not num_labels else None
-    try:
-        with init_empty_weights():
-            if named_class is not None:
-                model = named_class(config)
-            elif num_labels:
-                model = transformers.AutoModelForSequenceClassification.from_config(config)
-            else:
-                model = transformers.AutoModel.from_config(config)
-    except (ValueError, TypeError, AttributeError) as exc:
-        raise EstimateError(f"cannot build model '{source}' from its config ({exc}); {offline_hint()}") from exc
+        config = model_config(source, local_files_only=True, hint=hint, **extra)
+        names = getattr(config, "architectures", None) or []
+        named_class = getattr(transformers, names[0], None) if names and not num_labels else None
+        auto = transformers.AutoModelForSequenceClassification if num_labels else transformers.AutoModel
+        model = on_meta_device(lambda: named_class(config) if named_class else auto.from_config(config), source, hint)
+    except WorkloadError as exc:
+        raise EstimateError(str(exc)) from exc
     shapes = tuple(tuple(p.shape) for p in model.parameters() if p.requires_grad)
-    facts = predict.ModelFacts.from_model(model, predict.model_name_for_source(source))
+    facts = predict.ModelFacts.from_model(model, model_name_for_source(source))
     return ModelSize(num_params=sum(math.prod(s) for s in shapes), source=source, shapes=shapes, facts=facts)
 
 

@@ -319,67 +319,19 @@ def predict_peak(facts: ModelFacts, entry: OptimizerSpec, optimizer_kwargs: dict
 # -- facts from a spec (meta device) and from a trial's model ---------------------------------------------
 def facts_for_spec(spec: Any) -> ModelFacts:
     """The facts of the model `spec`'s workload builds, from its config on the meta device (no weights)."""
-    return _facts_for(spec.workload, spec.model, json.dumps(spec.workload_options, sort_keys=True), spec.dataset)
+    return _facts_for(spec.workload, spec.model, json.dumps(spec.workload_options, sort_keys=True), spec.dataset,
+                      spec.seq_len)
 
 
 @functools.lru_cache(maxsize=16)
-def _facts_for(workload: str, model: str | None, options_json: str, dataset: str | None) -> ModelFacts:
-    from accelerate import init_empty_weights
-
+def _facts_for(workload: str, model: str | None, options_json: str, dataset: str | None, seq_len: int) -> ModelFacts:
     from optbench.job.spec import TrialSpec
     from optbench.workloads import get_workload
 
-    spec = TrialSpec(optimizer="adamw", workload=workload, model=model, dataset=dataset,
+    spec = TrialSpec(optimizer="adamw", workload=workload, model=model, dataset=dataset, seq_len=seq_len,
                      workload_options=json.loads(options_json))
-    build = _meta_builder(spec)
-    with init_empty_weights():
-        built = build()
-    return ModelFacts.from_model(built, get_workload(workload).model_name(spec))
-
-
-def _meta_builder(spec: Any):
-    """A no-argument function building the spec's model as its workload would (config only), to call under
-    `init_empty_weights`. A user dataset's label count only sizes the classifier head (hidden x labels),
-    so it is taken as the embedded task's three rather than read."""
-    import transformers
-
-    from optbench.workloads import data, get_workload, minilm_path
-    from optbench.workloads.base import load_tokenizer
-    from optbench.workloads.classify import tiny_bert_config, tiny_width
-    from optbench.workloads.lm import llama_config
-
-    workload = get_workload(spec.workload)
-    if spec.workload == "lm":
-        if spec.model:
-            config = transformers.AutoConfig.from_pretrained(spec.model)
-            return lambda: transformers.AutoModelForCausalLM.from_config(config)
-        config = llama_config(len(load_tokenizer(None)), max(spec.seq_len, 128))
-        return lambda: transformers.LlamaForCausalLM(config)
-    labels = len(data.LABELS)
-    source = spec.model or (minilm_path() if getattr(workload, "pretrained", False) else None)
-    if source is None:
-        config = tiny_bert_config(tiny_width(spec), labels, load_tokenizer(None).vocab_size)
-        return lambda: transformers.BertForSequenceClassification(config)
-    config = transformers.AutoConfig.from_pretrained(source, num_labels=labels)
-    return lambda: transformers.AutoModelForSequenceClassification.from_config(config)
-
-
-def model_name_for_source(source: str) -> str:
-    """The name a calibration is keyed by for a model folder or hub id: the shipped MiniLM folder is the
-    `minilm` workload's "all-MiniLM-L6-v2"; any other source is named as a `--model` run records it."""
-    from pathlib import Path
-
-    from optbench.workloads import WorkloadError, get_workload, minilm_path
-
-    try:
-        shipped = Path(minilm_path()).resolve()
-    except WorkloadError:
-        return source
-    if Path(source).resolve() == shipped:
-        from optbench.job.spec import TrialSpec
-
-        return get_workload("minilm").model_name(TrialSpec(optimizer="adamw"))
-    return source
+    kind = get_workload(workload)
+    return ModelFacts.from_model(kind.meta_model(spec), kind.model_name(spec))
 
 
 def for_trial(spec: Any, model: Any, entry: OptimizerSpec, device: str = "cpu") -> int | None:

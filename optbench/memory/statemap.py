@@ -20,9 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from optbench.optimizers import OptimizerSpec, Param, describe_model, resolve
-from optbench.optimizers.base import HEAD_MODULE_NAMES, dtype_name, short_dtype
+from optbench.optimizers.base import HEAD_MODULE_NAMES, MODULE_KINDS, dtype_name, short_dtype
 
-MODULE_KINDS = ("embeddings", "attention", "mlp", "norms/biases", "head")
 SHARED = "shared"  # the module kind (and `bytes_by_module` key) of the shared row
 SHARED_ROW_NAME = "(shared)"
 MIB = 2**20
@@ -316,69 +315,31 @@ def render_explain(rows: Sequence[StateRow], title: str = "") -> str:
     return "\n".join(lines)
 
 
-class ExplainError(StateMapError):
-    """A model `optbench explain` cannot build; the one-line message names the offline default."""
+def _job(workload: str | None, model: str | None) -> Any:
+    """The job `optbench explain` speaks of: `workload` (default: the default one), `model` in its role."""
+    from optbench.job.spec import TrialSpec
 
-
-def _config(source: str, **overrides: Any) -> Any:
-    """The config of a local folder or a model in the local Hugging Face cache: explain never downloads."""
-    import transformers
-
-    from optbench.workloads.base import OFFLINE_MODEL_HINT
-
-    try:
-        return transformers.AutoConfig.from_pretrained(source, local_files_only=True, **overrides)
-    except (OSError, ValueError) as exc:
-        raise ExplainError(f"cannot read the config of model '{source}' (not a local model folder nor in the local "
-                           f"Hugging Face cache); {OFFLINE_MODEL_HINT}") from exc
-
-
-def _build(workload: str, model: str | None) -> Any:
-    """The workload's model, built as its `build` would but from configs only (no weights are read)."""
-    import transformers
-
-    from optbench.workloads import data, get_workload, tiny_bert_config
-    from optbench.workloads.base import load_tokenizer, minilm_path
-    from optbench.workloads.lm import CausalLM, llama_config
-
-    kind = get_workload(workload)  # an unknown name fails with the list of known ones
-    if isinstance(kind, CausalLM):
-        if model:
-            return transformers.AutoModelForCausalLM.from_config(_config(model))
-        return transformers.LlamaForCausalLM(llama_config(len(load_tokenizer(None)), 128))
-    num_labels = len(data.LABELS)  # the embedded review task a default job fine-tunes on
-    source = model or (minilm_path() if kind.pretrained else None)
-    if source is None:
-        config = tiny_bert_config(num_labels=num_labels, vocab_size=load_tokenizer(None).vocab_size)
-        return transformers.BertForSequenceClassification(config)
-    return transformers.AutoModelForSequenceClassification.from_config(_config(source, num_labels=num_labels))
+    return TrialSpec(optimizer="adamw", model=model, **({"workload": workload} if workload else {}))
 
 
 def explain_model(workload: str | None = None, model: str | None = None) -> Any:
-    """The model a job of `workload` (default: the default workload, MiniLM with its 3-label head; "lm": the
-    Llama-style decoder) would train, or `model` (a local folder or cached HF id) in that workload's role,
-    built on the meta device: shapes and dtypes without weights, so any size explains in seconds."""
-    from accelerate import init_empty_weights
+    """The model a job of `workload` (default: the default workload) would train, or `model` (a local folder or
+    cached HF id) in that workload's role, built on the meta device by the workload (`Workload.meta_model`, configs
+    read offline): shapes and dtypes without weights, so any size explains in seconds."""
+    from optbench.workloads import get_workload
 
-    from optbench.workloads.base import OFFLINE_MODEL_HINT, WorkloadError
-
-    with init_empty_weights():
-        try:
-            return _build(workload or "minilm", model)
-        except (StateMapError, WorkloadError):
-            raise
-        except (ValueError, TypeError, AttributeError, KeyError) as exc:  # transformers' ways to refuse a config
-            raise ExplainError(f"cannot build model '{model or workload or 'minilm'}' from its config "
-                               f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
-                               f"{OFFLINE_MODEL_HINT}") from exc
+    job = _job(workload, model)
+    return get_workload(job.workload).meta_model(job, local_files_only=True)
 
 
 def explain(optimizer: str, workload: str | None = None, model: str | None = None, **optimizer_kwargs: Any) -> str:
     """`optbench explain OPTIMIZER [--workload W] [--model M]`: the analytic state map, rendered; no training,
     and no optimizer library needed (the rule is plain arithmetic)."""
+    from optbench.workloads import get_workload
+
     spec = resolve(optimizer)
     built = explain_model(workload, model)
-    label = model or {"lm": "the lm workload's Llama decoder", "tiny": "the tiny BERT"}.get(
-        workload or "", "all-MiniLM-L6-v2 + 3-label head")
-    title = f"{spec.name} on {label}: analytic optimizer state per parameter (meta device, nothing trained)"
+    job = _job(workload, model)
+    name = get_workload(job.workload).model_name(job)
+    title = f"{spec.name} on {name} ({type(built).__name__}): analytic state per parameter (meta device)"
     return render_explain(analytic_state_map(spec, built, **optimizer_kwargs), title=title)

@@ -40,6 +40,9 @@ NOMINAL_SHAPE = (1024, 1024)
 # Top-level module names that hold a model's output head (the classifier of a BERT, a causal LM's
 # lm_head, ...): optimizers such as Muon leave them to AdamW, like the embeddings.
 HEAD_MODULE_NAMES = frozenset({"classifier", "lm_head", "score", "qa_outputs", "head", "cls"})
+# The kinds of module a parameter belongs to, in the order maps and figures list them: the keys of
+# `Record.state_bytes_by_module` (optbench/memory/statemap.py sorts parameters into them, the report draws them).
+MODULE_KINDS = ("embeddings", "attention", "mlp", "norms/biases", "head")
 
 
 class UnknownOptimizerError(ValueError):

@@ -239,10 +239,15 @@ def busy_machine(records: list[Record], name: str) -> str | None:
             f"{len(busy)} of {len(loads)} trials): its times include other work")
 
 
+def thresholds_for(device: str) -> Thresholds:
+    """The calibrated thresholds of a device name (cpu, cuda, cuda:N): CUDA's for a GPU, else the CPU's."""
+    return DEFAULT_THRESHOLDS["cuda" if str(device).startswith("cuda") else "cpu"]
+
+
 def calibrated_thresholds(base: Sequence[Record], new: Sequence[Record]) -> Thresholds:
     """The device's calibrated thresholds: CUDA's when either run ran on a GPU, else the CPU's."""
     on_cuda = any(str(r.device).startswith("cuda") for r in (*base, *new))
-    return DEFAULT_THRESHOLDS["cuda" if on_cuda else "cpu"]
+    return thresholds_for("cuda" if on_cuda else "cpu")
 
 
 def _row_kind(base: pd.Series | None, new: pd.Series | None) -> Row:

@@ -21,6 +21,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from optbench.optimizers import REGISTRY
+from optbench.optimizers.base import MODULE_KINDS
 from optbench.records.record import MIB
 from optbench.report import stats
 from optbench.report.frame import lr_choices, time_to_target_by_job
@@ -32,7 +33,6 @@ MARKER_AREA_PT2 = (40.0, 500.0)  # smallest, largest marker area: the fastest an
 MEMORY_PARTS = [("weights_mib", "weights", "#4c72b0"), ("grads_mib", "grads", "#8fb0d8"), ("state_mib",
                 "optimizer state", "#dd8452"), ("other_mib_clipped", "rest (activations, temporaries)", "#c7c7c7")]
 MODULE_COLOURS = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3")
-MODULE_KINDS = ("embeddings", "attention", "mlp", "norms/biases", "head")  # Record.state_bytes_by_module's keys
 
 
 def mean_band(curves: Sequence[Sequence[float | None]]) -> tuple[np.ndarray, np.ndarray]:

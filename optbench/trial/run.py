@@ -188,13 +188,14 @@ def evaluate_final(s: Setup, record: Record) -> None:
 
 
 def time_to_target(record: Record, target: float) -> None:
-    """Steps and training seconds to the first curve point at or past `target` (None when never reached)."""
+    """Steps and training seconds to the first curve point at or past `target` (None when never reached), by the
+    report's one rule (optbench/report/stats.py `reached`)."""
+    from optbench.report.stats import reached
+
     record.target_value = target
-    for step, seconds, value in record.eval_curve:
-        reached = value >= target if record.target_mode == "max" else value <= target
-        if reached:
-            record.steps_to_target, record.time_to_target_s = int(step), seconds
-            return
+    hit = reached(record.eval_curve, target, record.target_mode)
+    if hit is not None:
+        record.steps_to_target, record.time_to_target_s = int(hit[0]), hit[1]
 
 
 def check_divergence(record: Record, chance_loss: float) -> None:

@@ -81,10 +81,6 @@ class Night:
         return not self.regressions and not self.trial_failures
 
 
-def thresholds_for(device: str) -> compare.Thresholds:
-    return compare.DEFAULT_THRESHOLDS["cuda" if device.startswith("cuda") else "cpu"]
-
-
 def _stage(night: Night, name: str, command: list[str], env: dict[str, str] | None = None) -> int:
     """Run one stage as a subprocess, its output in OUT/logs/<name>.log; returns its exit status."""
     log = night.config.out / "logs" / f"{name}.log"

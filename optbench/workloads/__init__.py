@@ -3,7 +3,9 @@
 Adding a workload is one file defining a `Workload` subclass plus one line in `WORKLOADS`; nothing else
 in optbench branches on a workload's name. A workload's parameters (the tiny BERT's `hidden_size`, which
 the scaling sweep varies) travel in `TrialSpec.workload_options`, never in its name; `--model` with no
-`--workload` is a classification fine-tune of that model.
+`--workload` is a classification fine-tune of that model. What the memory side needs of a workload (its model on
+the meta device, the name a model folder is recorded under) it asks through `Workload.meta_model` and
+`model_name_for_source`.
 
 May import: optimizers, job, records.
 """
@@ -20,6 +22,8 @@ from optbench.workloads.base import (
     WorkloadError,
     check_model,
     minilm_path,
+    model_config,
+    on_meta_device,
     train_batches,
 )
 from optbench.workloads.classify import Classification, tiny_bert_config
@@ -30,7 +34,8 @@ if TYPE_CHECKING:
     from optbench.optimizers import OptimizerSpec
 
 __all__ = ["OFFLINE_MODEL_HINT", "WORKLOADS", "Built", "Split", "Workload", "WorkloadError", "check_model",
-           "default_lr", "get_workload", "minilm_path", "tiny_bert_config", "train_batches"]
+           "default_lr", "get_workload", "minilm_path", "model_config", "model_name_for_source", "on_meta_device",
+           "tiny_bert_config", "train_batches"]
 
 WORKLOADS: dict[str, Workload] = {
     "minilm": Classification("minilm", pretrained=True,
@@ -52,3 +57,22 @@ def get_workload(name: str) -> Workload:
 def default_lr(spec: TrialSpec, entry: OptimizerSpec) -> float:
     """The lr a trial uses without `--lr`: the entry's fine-tuning lr times the workload's scale for it."""
     return entry.default_lr * get_workload(spec.workload).lr_scale(spec)
+
+
+def model_name_for_source(source: str) -> str:
+    """The name records give the model at `source` (a calibration is keyed by it): a folder a registered workload
+    trains by default (the shipped MiniLM) by that workload's name for it; any other source as a `--model` run
+    records it, by its source."""
+    from pathlib import Path
+
+    from optbench.job.spec import TrialSpec
+
+    for workload in WORKLOADS.values():
+        spec = TrialSpec(optimizer="adamw", workload=workload.name)
+        try:
+            default = workload.model_source(spec)
+        except WorkloadError:  # its model's package is not installed here
+            continue
+        if default is not None and Path(default).resolve() == Path(source).resolve():
+            return workload.model_name(spec)
+    return source

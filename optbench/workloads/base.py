@@ -13,7 +13,7 @@ that seed's final, and the eval split never chooses what it reports on.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -80,6 +80,16 @@ class Workload:
     def check(self, spec: TrialSpec) -> None:
         """Fail fast in the parent process (before any trial is spawned) on input that cannot work."""
         self.check_options(spec)
+
+    def model_source(self, spec: TrialSpec) -> str | None:
+        """The model folder or hub id a trial of `spec` loads; None: a model built from a config alone."""
+        return spec.model
+
+    def meta_model(self, spec: TrialSpec, local_files_only: bool = False) -> torch.nn.Module:
+        """The model `build(spec)` trains, made from its config on the meta device (`on_meta_device`): its
+        parameters' names, shapes and dtypes, without weights or memory. What the memory predictor, `optbench
+        explain` and `fit` read. `local_files_only`: never ask the hub for a config (explain stays offline)."""
+        raise NotImplementedError
 
     def build(self, spec: TrialSpec) -> Built:
         raise NotImplementedError
@@ -197,15 +207,40 @@ def load_tokenizer(source: str | None):
 
 def check_model(source: str) -> None:
     """Fail fast on a model that cannot be loaded: a missing path, a folder without a config, a hub id offline."""
-    from transformers import AutoConfig
-
     if not Path(source).exists() and source.startswith((".", "/")):
         raise WorkloadError(f"model path not found: {source}")
+    model_config(source)
+
+
+def model_config(source: str, local_files_only: bool = False, hint: str = OFFLINE_MODEL_HINT, **overrides: Any) -> Any:
+    """The transformers config of a local model folder or hub id (`local_files_only`: the local Hugging Face
+    cache only, never the network); one that cannot be read is a WorkloadError ending in `hint` (what to give
+    instead: by default the offline default workload)."""
+    from transformers import AutoConfig
+
     try:
-        AutoConfig.from_pretrained(source)
+        return AutoConfig.from_pretrained(source, local_files_only=local_files_only, **overrides)
     except (OSError, ValueError) as exc:
-        raise WorkloadError(f"cannot load model '{source}' (not a local model folder, and the Hugging "
-                            f"Face hub is unreachable or has no such model); {OFFLINE_MODEL_HINT}") from exc
+        where = "the local Hugging Face cache" if local_files_only else "reachable on the Hugging Face hub"
+        raise WorkloadError(f"cannot read the config of model '{source}' (not a local model folder nor in {where});"
+                            f" {hint}") from exc
+
+
+def on_meta_device(build: Callable[[], torch.nn.Module], name: str, hint: str = OFFLINE_MODEL_HINT) -> torch.nn.Module:
+    """The one meta-device builder: `build()` (a model made from a config) under accelerate's `init_empty_weights`,
+    so any size builds in seconds with shapes and dtypes but no memory; transformers' ways of refusing a config
+    become a one-line WorkloadError."""
+    from accelerate import init_empty_weights
+
+    try:
+        with init_empty_weights():
+            return build()
+    except WorkloadError:
+        raise
+    except (ValueError, TypeError, AttributeError, KeyError) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else ""
+        raise WorkloadError(f"cannot build model '{name}' from its config ({type(exc).__name__}: {reason}); {hint}"
+                            ) from exc
 
 
 def user_splits(spec: TrialSpec, label_column: str | None) -> tuple[Any, Any]:

@@ -24,6 +24,8 @@ from optbench.workloads.base import (
     length_sorted_batches,
     load_tokenizer,
     minilm_path,
+    model_config,
+    on_meta_device,
     quiet_transformers,
     split_for_stage,
     user_splits,
@@ -90,7 +92,7 @@ class Classification(Workload):
     def is_pretrained(self, spec: TrialSpec) -> bool:
         return self.pretrained or spec.model is not None
 
-    def _source(self, spec: TrialSpec) -> str | None:
+    def model_source(self, spec: TrialSpec) -> str | None:
         """The model folder or hub id to load; None builds the tiny BERT from a config."""
         if spec.model:
             return spec.model
@@ -108,7 +110,7 @@ class Classification(Workload):
         train, _, _ = _labelled_splits(spec)
         if train.features["label"].num_classes < 2:
             raise WorkloadError(f"dataset {spec.dataset} has one class; classification needs at least two")
-        source = self._source(spec)
+        source = self.model_source(spec)
         if source is not None:
             check_model(source)
 
@@ -117,7 +119,7 @@ class Classification(Workload):
         from transformers import AutoModelForSequenceClassification, BertForSequenceClassification
 
         quiet_transformers()
-        source = self._source(spec)
+        source = self.model_source(spec)
         train, held_out, dataset_name = _labelled_splits(spec)
         self.num_labels = train.features["label"].num_classes
         held_out = held_out.select(range(min(spec.eval_size, len(held_out))))
@@ -134,6 +136,18 @@ class Classification(Workload):
         return Built(model=model, model_name=self.model_name(spec), dataset_name=dataset_name, train=splits[0],
                      val=splits[1], eval=splits[2], chance_loss=math.log(self.num_labels),
                      pretrained=source is not None)
+
+    def meta_model(self, spec: TrialSpec, local_files_only: bool = False) -> torch.nn.Module:
+        """With the embedded task's label count: a user dataset's only sizes the head (hidden x labels), and
+        reading it for that would cost more than the whole prediction."""
+        from transformers import AutoModelForSequenceClassification, BertForSequenceClassification
+
+        source, labels = self.model_source(spec), len(data.LABELS)
+        if source is None:
+            config = tiny_bert_config(tiny_width(spec), labels, load_tokenizer(None).vocab_size)
+            return on_meta_device(lambda: BertForSequenceClassification(config), self.model_name(spec))
+        config = model_config(source, local_files_only, num_labels=labels)
+        return on_meta_device(lambda: AutoModelForSequenceClassification.from_config(config), source)
 
     def evaluate(self, model: torch.nn.Module, split: Split, device: torch.device) -> dict[str, float]:
         predictions, truth = [], []

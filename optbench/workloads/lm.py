@@ -25,6 +25,8 @@ from optbench.workloads.base import (
     check_model,
     eval_batches,
     load_tokenizer,
+    model_config,
+    on_meta_device,
     quiet_transformers,
     split_for_stage,
     user_splits,
@@ -41,12 +43,13 @@ LM_HEADS = 4
 LM_INTERMEDIATE_SIZE = 688
 
 
-def llama_config(vocab_size: int, max_positions: int):
+def llama_config(vocab_size: int, seq_len: int):
+    """The default decoder's config: positions for `seq_len` tokens, at least 128 (rotary: no parameters)."""
     from transformers import LlamaConfig
 
     return LlamaConfig(vocab_size=vocab_size, hidden_size=LM_HIDDEN_SIZE, intermediate_size=LM_INTERMEDIATE_SIZE,
                        num_hidden_layers=LM_LAYERS, num_attention_heads=LM_HEADS, num_key_value_heads=LM_HEADS,
-                       max_position_embeddings=max_positions, tie_word_embeddings=False)
+                       max_position_embeddings=max(seq_len, 128), tie_word_embeddings=False)
 
 
 def pack(tokenizer, texts: list[str], seq_len: int) -> Split:
@@ -103,11 +106,20 @@ class CausalLM(Workload):
         if spec.model:
             model = AutoModelForCausalLM.from_pretrained(spec.model)
         else:
-            model = LlamaForCausalLM(llama_config(len(tokenizer), max(spec.seq_len, 128)))
+            model = LlamaForCausalLM(llama_config(len(tokenizer), spec.seq_len))
         train, val, evaluation = split_for_stage(spec, pack(tokenizer, train_texts, spec.seq_len),
                                                  pack(tokenizer, held_out_texts, spec.seq_len))
         return Built(model=model, model_name=self.model_name(spec), dataset_name=dataset_name, train=train, val=val,
                      eval=evaluation, chance_loss=math.log(len(tokenizer)), pretrained=bool(spec.model))
+
+    def meta_model(self, spec: TrialSpec, local_files_only: bool = False) -> torch.nn.Module:
+        from transformers import AutoModelForCausalLM, LlamaForCausalLM
+
+        if spec.model:
+            config = model_config(spec.model, local_files_only)
+            return on_meta_device(lambda: AutoModelForCausalLM.from_config(config), spec.model)
+        config = llama_config(len(load_tokenizer(None)), spec.seq_len)
+        return on_meta_device(lambda: LlamaForCausalLM(config), self.model_name(spec))
 
     def evaluate(self, model: torch.nn.Module, split: Split, device: torch.device) -> dict[str, float]:
         """Token-weighted mean cross-entropy over the split's next-token predictions."""
