@@ -146,12 +146,13 @@ def explain(optimizer: str) -> str:
 
 
 def predictor_band() -> str:
-    from optbench.memory import calibrate
-    from optbench.memory.calibration import load_calibrations
+    """The band of the calibration this checkout ships (not a user's own, which would take precedence)."""
+    from optbench.memory import validation
+    from optbench.memory.calibration import read_calibrations, shipped_calibration_path
 
     held = read_records(RESULTS / "predictor" / "held-out.jsonl")
-    table = calibrate.validation_table(held, load_calibrations("cpu"))
-    return calibrate.error_band(table, "cpu").describe()
+    table = validation.validation_table(held, read_calibrations(shipped_calibration_path("cpu"), "cpu"))
+    return validation.error_band(table, "cpu").describe()
 
 
 def fit_table() -> str:

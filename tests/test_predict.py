@@ -1,19 +1,16 @@
 """The peak-memory predictor: step temporaries per optimizer family, the analytic activation count, the two
-phases on CPU and CUDA (analytic cases: no GPU needed), calibration recovering known figures from records,
-the held-out error band, and the trial's hook."""
+phases on CPU and CUDA (analytic cases: no GPU needed), what an uncalibrated model borrows, and the trial's hook.
+(Calibrating it and its held-out band: tests/test_calibrate.py.)"""
 
 import dataclasses
-import math
-import statistics
 
 import pytest
 
 from optbench.job.spec import TrialSpec
-from optbench.memory import calibrate as cal
 from optbench.memory import predict
-from optbench.memory.calibration import Calibration, CalibrationSet, ErrorBand
+from optbench.memory.calibration import Calibration, CalibrationSet
 from optbench.optimizers import Param, resolve
-from optbench.records.record import MIB, Record
+from optbench.records.record import MIB
 
 EMBEDDING = Param(shape=(30522, 384), embedding=True)  # 11,720,448 elements: the largest tensor
 MATRIX = Param(shape=(1536, 384))
@@ -160,81 +157,6 @@ def test_for_trial_predicts_what_predict_peak_says_and_skips_jobs_it_does_not_mo
         assert predict.for_trial(dataclasses.replace(TINY, **other), model, resolve("adamw")) is None
 
 
-# -- calibration and the held-out band --------------------------------------------------------------------
-TRUTH = Calibration(device_kind="cpu", model="tiny-bert-h64", precision="fp32", bytes_per_token_layer=30_000,
-                    bytes_per_s2_layer=20.0, retained_fraction=0.8, overhead_bytes=40 * MIB)
-SHAPES = [("adamw", 4, 32), ("adafactor", 16, 64), ("adamw8bit", 64, 32), ("adamw", 8, 256),
-          ("adafactor", 32, 128), ("adamw8bit", 2, 128), ("adamw", 128, 64), ("adamw", 16, 16), ("sgd", 48, 96)]
-
-
-def synthetic(shapes, truth=TRUTH, errors=None):
-    """Records whose measured peak is what `truth` predicts, times (1 + error)."""
-    facts = predict.facts_for_spec(TINY)
-    records = []
-    for index, (name, batch, seq) in enumerate(shapes):
-        peak = predict.predict_peak(facts, resolve(name), batch_size=batch, seq_len=seq, calibration=truth).total_bytes
-        peak = round(peak * (1 + (errors[index] if errors else 0.0)))
-        weights = 4 * sum(p.numel for p in facts.params)
-        records.append(Record(trial_id=f"t{index}", status="ok", optimizer=name, workload="tiny",
-                              model="tiny-bert-h64", device="cpu", batch_size=batch, seq_len=seq,
-                              weights_bytes=weights, peak_rss_growth_bytes=peak - weights))
-    return records
-
-
-def test_calibrate_recovers_known_figures_and_says_which_trials():
-    truth = dataclasses.replace(TRUTH, library_overhead_bytes={"bitsandbytes": 100 * MIB, "transformers": -20 * MIB})
-    found = cal.calibrate(synthetic(SHAPES, truth), sources=["made-up.jsonl"])
-    assert found.trial_ids == tuple(f"t{i}" for i in range(len(SHAPES))) and found.sources == ("made-up.jsonl",)
-    assert found.model == "tiny-bert-h64" and found.device_kind == "cpu" and found.precision == "fp32"
-    assert found.fit_worst_abs_error < 1e-3
-    assert found.bytes_per_token_layer == pytest.approx(30_000, rel=0.02)
-    assert found.bytes_per_s2_layer == pytest.approx(20.0, rel=0.05)
-    assert found.overhead_bytes == pytest.approx(40 * MIB, rel=0.05)
-    assert found.library_overhead_bytes == pytest.approx({"bitsandbytes": 100 * MIB, "transformers": -20 * MIB},
-                                                         rel=0.05)  # torch, the most tried, is the base
-
-
-def test_libraries_tried_once_get_no_overhead_of_their_own():
-    records = synthetic(SHAPES[:7] + [("lion8bit", 8, 32)])
-    assert cal.calibrate(records).library_overhead_bytes.keys() == {"bitsandbytes", "transformers"}
-    five = cal.calibrate(records[:5])  # torch and transformers twice each, bitsandbytes once
-    assert five.library_overhead_bytes.keys() == {"transformers"} and five.s2_scale == 1.0  # β fixed: too few
-    assert cal.calibrate(records[:4]).library_overhead_bytes == {}
-
-
-def test_calibrate_refuses_mixed_models_and_skips_failed_trials():
-    records = synthetic(SHAPES[:3])
-    records[0] = dataclasses.replace(records[0], model="another-model")
-    with pytest.raises(cal.CalibrationError, match="one model"):
-        cal.calibrate(records)
-    failed = dataclasses.replace(records[1], status="oom", trial_id="failed")
-    assert "failed" not in cal.calibrate([failed, *records[1:]]).trial_ids
-
-
-def test_validation_table_and_error_band_of_known_errors():
-    errors = [0.10, -0.05, 0.02, -0.20, 0.04]
-    records = synthetic(SHAPES[:5], errors=errors)
-    fitted = CalibrationSet("cpu", {"tiny-bert-h64": dataclasses.replace(TRUTH, trial_ids=("t0",))})
-    table = cal.validation_table(records, fitted)
-    assert list(table["held_out"]) == [False, True, True, True, True]
-    # measured = predicted x (1 + e), so (predicted - measured) / measured = -e / (1 + e)
-    assert table["error_pct"].tolist() == pytest.approx([-100 * e / (1 + e) for e in errors], abs=1e-3)
-    band = cal.error_band(table, "cpu", "somewhere.md")
-    held = [-e / (1 + e) for e in errors[1:]]
-    assert band.trials == 4 and band.table == "somewhere.md"
-    assert band.median_abs_error == pytest.approx(statistics.median(abs(e) for e in held))
-    assert band.worst_abs_error == pytest.approx(0.2 / 0.8) and band.share_under == pytest.approx(0.5)
-    assert band.worst_under == pytest.approx(0.04, abs=1e-6) and band.safety_margin == band.worst_under
-    assert "4 held-out cpu trials" in band.describe() and "50 % under-predicted" in band.describe()
-
-
-def test_the_shipped_cpu_calibration_names_its_trials():
-    shipped = predict.load_calibrations("cpu")
-    for name, calibration in shipped.models.items():
-        assert calibration.model == name and len(calibration.trial_ids) >= 4 and calibration.sources
-        assert math.isfinite(calibration.bytes_per_token_layer) and calibration.bytes_per_token_layer > 1000
-
-
 def test_an_uncalibrated_model_borrows_the_other_models_scales():
     other = dataclasses.replace(CAL, model="other", token_scale=2.0, s2_scale=3.0, retained_fraction=0.7,
                                 overhead_bytes=30 * MIB)
@@ -248,28 +170,3 @@ def test_an_uncalibrated_model_borrows_the_other_models_scales():
     activations = 2.0 * per_token * 8 * 64 * 6 + 3.0 * per_s2 * 8 * 12 * 64 * 64 * 6
     assert not bare.calibrated and bare.basis.startswith("uncalibrated")
     assert bare.activation_bytes == round(0.7 * activations) and bare.overhead_bytes == 30 * MIB
-
-
-def test_the_uncalibrated_band_comes_from_its_own_column():
-    records = synthetic(SHAPES[:3], errors=[0.1, -0.1, 0.0])
-    table = cal.validation_table(records, CalibrationSet("cpu", {"tiny-bert-h64": TRUTH}))
-    assert table["error_pct"].abs().max() == pytest.approx(100 * 0.1 / 0.9, abs=1e-3)
-    table["uncalibrated_error_pct"] = [-30.0, 10.0, 20.0]
-    band = cal.error_band(table, "cpu", calibrated=False)
-    assert not band.calibrated and band.worst_under == pytest.approx(0.3 / 0.7) and band.share_under == pytest.approx(
-        1 / 3)
-    assert band.describe().startswith("uncalibrated predictor error")
-
-
-def test_calibrations_round_trip_through_their_json_file(tmp_path, monkeypatch):
-    import optbench.memory.calibration as store
-
-    monkeypatch.setattr(store, "CALIBRATION_DIR", tmp_path)
-    band = ErrorBand(device_kind="cpu", trials=3, median_abs_error=0.1, worst_abs_error=0.2, worst_under=0.15,
-                         share_under=0.25)  # bands are stored to 4 decimals
-    written = CalibrationSet("cpu", {"made-up-bert": dataclasses.replace(CAL, library_overhead_bytes={"x": 1.0})},
-                             band, dataclasses.replace(band, calibrated=False))
-    assert store.save_calibrations(written) == tmp_path / "cpu.json"
-    assert store.load_calibrations("cpu") == written
-    assert store.load_calibrations("cuda") == CalibrationSet("cuda")  # no file: nothing calibrated
-    store.load_calibrations.cache_clear()

@@ -3,16 +3,21 @@
 `calibrate(records)` fits, for one model on one device kind, the four figures `optbench.memory.predict` cannot
 count (activation bytes per token per layer, their seq² attention part, the share of activation pages
 still held at the optimizer step, a fixed overhead) by least squares on the relative error of the
-predicted peak, and records which trials and files it used. `validation_table(records, calibrations)`
-compares predicted with measured peaks trial by trial; `error_band` sums the held-out rows up into the
-band `estimate` prints and derives its safety margin from.
+predicted peak, and records which trials and files it used. `run_validation` then measures it on held-out
+trials with optbench/memory/validation.py (`validation_table`: predicted against measured peaks trial by trial;
+`error_band`: the held-out rows summed up into the band `estimate` prints and takes its safety margin from).
 
     python -m optbench.memory.calibrate --calibrate-on CAL.jsonl --held-out HELD.jsonl --out-dir DIR
+        [--calibration-file F]
 
-fits on CAL, writes the calibration into the package (optbench/memory/<device>.json), then predicts
-every trial of HELD that was not calibrated on and writes DIR/held-out.md (+ .csv) and DIR/calibration.md;
-the held-out band goes into the package file too. Without --calibrate-on it only validates (e.g. the
-uncalibrated CUDA predictor on a GPU's trials: --device cuda).
+fits on CAL, then predicts every trial of HELD that was not calibrated on and writes DIR/held-out.md (+ .csv) and
+DIR/calibration.md; the calibration and its held-out band go to F, by default the user's calibration file
+(`~/.cache/optbench/calibrations/<device>.json`, or under `$OPTBENCH_CACHE`), which every prediction on this
+machine then reads before the package's shipped one (optbench/memory/calibration.py); never into the package.
+Without --calibrate-on it only validates (e.g. the uncalibrated CUDA predictor on a GPU's trials: --device cuda).
+A record the band cannot use (not ok, a parallel, fidelity or resume-check trial, evaluations inside the memory
+window, no measured peak, an optimizer or model the predictor does not know) is left out with one warning that
+counts each reason, and held-out.md says so under the band.
 """
 
 from __future__ import annotations
@@ -21,53 +26,52 @@ import argparse
 import dataclasses
 import statistics
 import sys
+import warnings
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from optbench.memory import predict
-from optbench.memory.calibration import Calibration, CalibrationSet, ErrorBand, load_calibrations, save_calibrations
-from optbench.optimizers import UnknownOptimizerError, resolve
-from optbench.records.record import MIB, Record, read_records, split_peak_memory
+from optbench.memory.calibration import (
+    Calibration,
+    CalibrationError,
+    CalibrationSet,
+    ErrorBand,
+    load_calibrations,
+    read_calibrations,
+    refuse_shipped,
+    save_calibrations,
+    user_calibration_path,
+)
+from optbench.memory.validation import (
+    LeftOutWarning,
+    device_kind,
+    error_band,
+    measured_peak,
+    predicted,
+    render_table,
+    spec_for,
+    unusable_reason,
+    usable,
+    validation_table,
+    warn_left_out,
+)
+from optbench.optimizers import resolve
+from optbench.records.record import MIB, Record, read_records
 
+__all__ = ["CalibrationError", "calibrate", "calibrate_all", "error_band", "main", "measured_peak", "run_validation",
+           "usable", "validation_table"]
 _FIT_STARTS = ((1.0, 1.0, 1.0, 64.0), (2.0, 1.0, 0.3, 64.0), (1.5, 1.0, 1.0, 0.0))  # (α, β, ρ, overhead MiB)
 _BOUNDS = ((0.05, 0.0, 0.0, -1024.0), (50.0, 200.0, 2.0, 4096.0))
 
 
-class CalibrationError(ValueError):
-    """Records that cannot calibrate (none usable, or several models mixed); the message says what to give."""
-
-
-def device_kind(record: Record) -> str:
-    return "cuda" if record.device.startswith("cuda") else "cpu"
-
-
-def measured_peak(record: Record) -> int | None:
-    """The figure the predictor targets: peak_memory_bytes on CPU (weights + peak RSS growth), the CUDA
-    allocator's peak on CUDA."""
-    split_peak_memory(record)
-    return record.peak_cuda_allocated_bytes if device_kind(record) == "cuda" else record.peak_memory_bytes
-
-
-def usable(record: Record) -> bool:
-    """An ok single-process trial of the plain loop whose peak holds nothing the predictor leaves out
-    (a shadow optimizer, a checkpoint, evaluations inside the memory window)."""
-    return (record.status == "ok" and record.parallel == "none" and not record.fidelity and not record.resume_check
-            and not record.eval_curve and measured_peak(record) is not None)
-
-
-def spec_for(record: Record) -> Any:
-    """The trial spec the predictor needs from a record: workload, model, options, dataset, the job's sizes."""
-    from optbench.job.spec import TrialSpec
-    from optbench.workloads import get_workload
-
-    spec = TrialSpec(optimizer=record.optimizer, workload=record.workload, dataset=None,
-                     workload_options=dict(record.workload_options), batch_size=record.batch_size,
-                     seq_len=record.seq_len, precision=record.precision, optimizer_kwargs=dict(record.optimizer_kwargs))
-    if record.model != get_workload(record.workload).model_name(spec):
-        spec = dataclasses.replace(spec, model=record.model)  # a `--model` run: the record names its source
-    return spec
+def _usable(records: Iterable[Record], purpose: str) -> list[Record]:
+    """The records that can calibrate; the others are left out with one LeftOutWarning."""
+    records = list(records)
+    kept = [r for r in records if usable(r)]
+    warn_left_out(Counter(unusable_reason(r) for r in records if not usable(r)), len(records), purpose)
+    return kept
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,7 +90,7 @@ class _Point:
 def _point(record: Record) -> _Point:
     facts = predict.facts_for_spec(spec_for(record))
     kind = device_kind(record)
-    bare = _predicted(record, kind, None, CalibrationSet(kind))
+    bare = predicted(record, kind, None, CalibrationSet(kind))
     params = facts.in_precision(record.precision)
     grads = sum(p.nbytes for p in params)
     assert facts.arch is not None
@@ -165,8 +169,9 @@ def _fit(points: list[_Point]) -> tuple[list[float], list[float], list[str]]:
 def calibrate(records: Iterable[Record], sources: Sequence[str] = ()) -> Calibration:
     """One model's calibration on one device kind from its usable records (ok, single process, one precision
     throughout). Eight trials or so, varied in batch size, sequence length and optimizer library (two of each
-    library to give it its own overhead), pin every figure; fewer fix some (`_free_parameters`)."""
-    chosen = [r for r in records if usable(r)]
+    library to give it its own overhead), pin every figure; fewer fix some (`_free_parameters`). Unusable records
+    are left out with a LeftOutWarning."""
+    chosen = _usable(records, "calibration")
     groups = Counter((device_kind(r), r.model, r.precision) for r in chosen)
     if len(groups) != 1:
         found = ", ".join(f"{m} on {d} at {p}" for d, m, p in groups) or "no ok single-process trial"
@@ -192,9 +197,8 @@ def calibrate(records: Iterable[Record], sources: Sequence[str] = ()) -> Calibra
 def calibrate_all(records: Iterable[Record], sources: Sequence[str] = ()) -> list[Calibration]:
     """A calibration per (device kind, model) among the usable records, at each group's most common precision."""
     groups: dict[tuple[str, str], list[Record]] = {}
-    for record in records:
-        if usable(record):
-            groups.setdefault((device_kind(record), record.model), []).append(record)
+    for record in _usable(records, "calibration"):
+        groups.setdefault((device_kind(record), record.model), []).append(record)
     calibrations = []
     for group in groups.values():
         precision = Counter(r.precision for r in group).most_common(1)[0][0]
@@ -202,120 +206,55 @@ def calibrate_all(records: Iterable[Record], sources: Sequence[str] = ()) -> lis
     return calibrations
 
 
-def validation_table(records: Iterable[Record], calibrations: CalibrationSet | None = None) -> Any:
-    """Predicted against measured peak per usable record (a pandas DataFrame): the relative error
-    (predicted - measured) / measured, whether the trial was held out (not calibrated on), and the error the
-    uncalibrated predictor would make without this model's calibration (borrowing the other models' figures)."""
-    import pandas as pd
-
-    rows = []
-    for record in records:
-        if not usable(record):
-            continue
-        kind = device_kind(record)
-        found = calibrations if calibrations is not None and calibrations.device_kind == kind else \
-            load_calibrations(kind)
-        calibration = found.models.get(record.model)
-        try:
-            with_own, without = (_predicted(record, kind, c, found) for c in (calibration, None))
-        except (UnknownOptimizerError, predict.PredictError):
-            continue
-        measured = measured_peak(record)
-        rows.append({"trial_id": record.trial_id, "workload": record.workload, "model": record.model,
-                     "optimizer": record.optimizer, "precision": record.precision, "batch_size": record.batch_size,
-                     "seq_len": record.seq_len, "device": kind, "measured_mib": measured / MIB,
-                     "predicted_mib": with_own.total_bytes / MIB,
-                     "error_pct": 100 * (with_own.total_bytes - measured) / measured, "phase": with_own.phase,
-                     "calibrated": with_own.calibrated,
-                     "held_out": calibration is None or record.trial_id not in calibration.trial_ids,
-                     "uncalibrated_error_pct": 100 * (without.total_bytes - measured) / measured})
-    return pd.DataFrame(rows)
-
-
-def _predicted(record: Record, kind: str, calibration: Calibration | None,
-               calibrations: CalibrationSet) -> predict.Prediction:
-    facts = predict.facts_for_spec(spec_for(record))
-    return predict.predict_peak(facts, resolve(record.optimizer), record.optimizer_kwargs,
-                                batch_size=record.batch_size, seq_len=record.seq_len, precision=record.precision,
-                                device_kind=kind, calibration=calibration, borrow_from=calibrations)
-
-
-def error_band(table: Any, device: str = "cpu", table_path: str = "", calibrated: bool = True) -> ErrorBand:
-    """The held-out rows' median and worst |error|, the worst under-prediction and the share under; of the
-    predictor as calibrated, or (`calibrated=False`) of the uncalibrated one each model would get without
-    its own calibration."""
-    held = table[(table["held_out"]) & (table["device"] == device)]
-    if held.empty:
-        raise CalibrationError(f"no held-out {device} trial to measure the predictor's error on")
-    errors = held["error_pct" if calibrated else "uncalibrated_error_pct"] / 100
-    over_prediction = -errors / (1 + errors)  # measured / predicted - 1: how far above the prediction a trial went
-    return ErrorBand(device_kind=device, trials=len(held), median_abs_error=float(errors.abs().median()),
-                     worst_abs_error=float(errors.abs().max()), worst_under=float(max(over_prediction.max(), 0.0)),
-                     share_under=float((errors < 0).mean()), table=table_path, calibrated=calibrated)
-
-
-_COLUMNS = {"source": "file", "workload": "workload", "optimizer": "optimizer", "precision": "precision",
-            "batch_size": "batch", "seq_len": "seq", "measured_mib": "measured MiB", "predicted_mib": "predicted MiB",
-            "error_pct": "error %", "phase": "peak phase", "uncalibrated_error_pct": "uncalibrated error %",
-            "trial_id": "trial_id"}
-
-
-def render_table(table: Any, title: str, band: ErrorBand | None = None, uncalibrated: ErrorBand | None = None) -> str:
-    """A markdown table of predicted vs measured peaks, with the bands' summaries above it."""
-    columns = [c for c in _COLUMNS if c in table.columns]
-    shown = table.sort_values(["workload", "optimizer", "batch_size", "seq_len"])[columns].rename(columns=_COLUMNS)
-    lines = [f"# {title}", ""]
-    lines += [b.describe() + "  " for b in (band, uncalibrated) if b is not None]
-    if band is not None:
-        lines += ["",
-                  "error = (predicted - measured) / measured of peak_memory_bytes (CPU: weights + peak RSS "
-                  "growth); under-predicted rows have a negative error. Uncalibrated: what the predictor says "
-                  "without the model's own calibration (analytic activations scaled like the other calibrated "
-                  "models', their retained share and overhead)", ""]
-    lines.append(shown.to_markdown(index=False, floatfmt=".1f"))
-    return "\n".join(lines) + "\n"
-
-
 def _read(paths: Sequence[Path]) -> list[Record]:
     return [record for path in paths for record in read_records(path)]
 
 
 def run_validation(calibrate_on: Sequence[Path], held_out: Sequence[Path], out_dir: Path,
-                   device: str = "cpu", package_file: Path | None = None) -> ErrorBand:
-    """Calibrate on `calibrate_on` (none: keep the package's calibrations, e.g. to measure the uncalibrated CUDA
-    predictor), save into the package's calibration file with the held-out band (other models' entries kept),
-    and write DIR/held-out.md, DIR/held-out.csv and, after a fit, DIR/calibration.md."""
+                   device: str = "cpu", calibration_file: Path | None = None) -> ErrorBand:
+    """Calibrate on `calibrate_on` (none: keep the calibrations in use, e.g. to measure the uncalibrated CUDA
+    predictor), save them with the held-out band to `calibration_file` (default: the user's file for the device;
+    other models' entries kept, from that file when it exists, else from the calibrations in use), and write
+    DIR/held-out.md, DIR/held-out.csv and, after a fit, DIR/calibration.md."""
+    target = calibration_file or user_calibration_path(device)
+    refuse_shipped(target)
     calibrations = calibrate_all(_read(calibrate_on), sources=[str(p) for p in calibrate_on])
-    models = dict(load_calibrations(device).models)
+    models = dict((read_calibrations(target, device) if target.is_file() else load_calibrations(device)).models)
     models.update({c.model: c for c in calibrations if c.device_kind == device})
     fitted = CalibrationSet(device, models)
     out_dir.mkdir(parents=True, exist_ok=True)
-    table = _held_out_table(held_out, fitted)
+    table, left_out = _held_out_table(held_out, fitted)
     band = error_band(table, device, str(out_dir / "held-out.md"))
     uncalibrated = error_band(table, device, str(out_dir / "held-out.md"), calibrated=False)
-    save_calibrations(dataclasses.replace(fitted, band=band, uncalibrated_band=uncalibrated), package_file)
+    save_calibrations(dataclasses.replace(fitted, band=band, uncalibrated_band=uncalibrated), target)
     table.to_csv(out_dir / "held-out.csv", index=False, float_format="%.2f")
     (out_dir / "held-out.md").write_text(render_table(table, "Peak-memory predictor: held-out trials", band,
-                                                      uncalibrated))
+                                                      uncalibrated, left_out))
     if calibrations:
-        fit = render_table(validation_table(_read(calibrate_on), fitted), "Peak-memory predictor: the calibration "
-                           "trials' fit")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", LeftOutWarning)  # the fit has said what it left out
+            fitted_table = validation_table(_read(calibrate_on), fitted)
+        fit = render_table(fitted_table, "Peak-memory predictor: the calibration trials' fit")
         (out_dir / "calibration.md").write_text(fit + "\n" + _describe_calibrations(calibrations))
     return band
 
 
-def _held_out_table(paths: Sequence[Path], fitted: CalibrationSet) -> Any:
+def _held_out_table(paths: Sequence[Path], fitted: CalibrationSet) -> tuple[Any, Counter]:
     """The validation table over every file's records no calibration used, each row naming its file
-    (`source`: its stem); a trial in two files counts once."""
+    (`source`: its stem); a trial in two files counts once. With it, the reasons records were left out."""
     import pandas as pd
 
     seen = {t for c in fitted.models.values() for t in c.trial_ids}
-    tables = []
+    tables, left_out = [], Counter()
     for path in paths:
-        records = [r for r in read_records(path) if r.trial_id not in seen]
-        seen |= {r.trial_id for r in records}
-        tables.append(validation_table(records, fitted).assign(source=path.stem))
-    return pd.concat(tables, ignore_index=True)
+        records = read_records(path)
+        fresh = [r for r in records if r.trial_id not in seen]
+        left_out["calibrated on, or in an earlier file"] += len(records) - len(fresh)
+        seen |= {r.trial_id for r in fresh}
+        table = validation_table(fresh, fitted, purpose=f"held-out band ({path})")
+        left_out.update(table.attrs["left_out"])
+        tables.append(table.assign(source=path.stem))
+    return pd.concat(tables, ignore_index=True), +left_out
 
 
 def _describe_calibrations(calibrations: Sequence[Calibration]) -> str:
@@ -336,21 +275,28 @@ def _libraries(c: Calibration) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m optbench.memory.calibrate", description=__doc__.split("\n\n")[0])
     parser.add_argument("--calibrate-on", type=Path, nargs="*", default=[],
-                        help="results files to fit on (none: validate the package's calibrations as they are)")
+                        help="results files to fit on (none: validate the calibrations in use as they are)")
     parser.add_argument("--held-out", type=Path, nargs="+", required=True, help="results files to validate on")
     parser.add_argument("--out-dir", type=Path, required=True, help="where the tables go")
     parser.add_argument("--device", choices=sorted(predict.TARGET_FIELDS), default="cpu")
+    parser.add_argument("--calibration-file", type=Path,
+                        help="where the calibration and its band go (default: your calibration file, "
+                             "~/.cache/optbench/calibrations/<device>.json or under $OPTBENCH_CACHE)")
     args = parser.parse_args(argv)
     missing = [str(p) for p in [*args.calibrate_on, *args.held_out] if not p.exists()]
     if missing:
         print(f"optbench.memory.calibrate: no such results file: {', '.join(missing)}", file=sys.stderr)
         return 2
+    target = args.calibration_file or user_calibration_path(args.device)
     try:
-        band = run_validation(args.calibrate_on, args.held_out, args.out_dir, args.device)
+        band = run_validation(args.calibrate_on, args.held_out, args.out_dir, args.device, target)
     except CalibrationError as exc:
         print(f"optbench.memory.calibrate: {exc}", file=sys.stderr)
         return 2
     print(band.describe())
+    used = target.resolve() == user_calibration_path(args.device).resolve()
+    print(f"wrote {target}" + ("; predictions on this machine read it from now on" if used else
+                               f"; predictions read {user_calibration_path(args.device)}: copy it there to use it"))
     return 0
 
 

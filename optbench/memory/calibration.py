@@ -1,4 +1,9 @@
-"""The predictor's calibrations: per device kind, one JSON file beside this module, keyed by model name.
+"""The predictor's calibrations: per device kind, one JSON file keyed by model name.
+
+Two places, the user's first: a file fitted on the user's own machine (`optbench.memory.calibrate` writes it to
+`$OPTBENCH_CACHE/calibrations/<kind>.json`, by default `~/.cache/optbench/calibrations/`) takes precedence when
+present; else the file shipped in the package (`calibrations/<kind>.json` beside this module, read-only: nothing
+writes into an installed package; a checkout ships a new one by copying a fitted file there).
 
 A calibration holds what `optbench.memory.predict` cannot count for one model on one device kind (activation
 bytes per token per layer, their seq² attention part, the share of activation pages the allocator still
@@ -12,16 +17,23 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-CALIBRATION_DIR = Path(__file__).parent / "calibrations"
+SHIPPED_DIR = Path(__file__).parent / "calibrations"  # read-only: the package's calibrations
+CACHE_ENV = "OPTBENCH_CACHE"  # the user's cache folder; calibrations go to its calibrations/ subfolder
 # Uncalibrated defaults: on CPU the allocator keeps the freed activation pages (retained share 1, as
 # measured on MiniLM); on CUDA the caching allocator's `allocated` counts live tensors only (share 0).
 DEFAULT_RETAINED = {"cpu": 1.0, "cuda": 0.0}
 DEFAULT_OVERHEAD_BYTES = {"cpu": 64 * 2**20, "cuda": 0}
+
+
+class CalibrationError(ValueError):
+    """Records that cannot calibrate (none usable, or several models mixed), or a file that may not be written;
+    the message says what to give."""
 
 
 @dataclass(frozen=True)
@@ -127,14 +139,32 @@ class CalibrationSet:
                 statistics.median(c.overhead_for(library) for c in values))
 
 
+def user_calibration_path(device_kind: str) -> Path:
+    """Where the user's own calibration of this device kind lives: `$OPTBENCH_CACHE/calibrations/<kind>.json`,
+    else under `$XDG_CACHE_HOME/optbench` or `~/.cache/optbench`."""
+    cache = os.environ.get(CACHE_ENV) or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "optbench"
+    return Path(cache).expanduser() / "calibrations" / f"{device_kind}.json"
+
+
+def shipped_calibration_path(device_kind: str) -> Path:
+    return SHIPPED_DIR / f"{device_kind}.json"
+
+
 def calibration_path(device_kind: str) -> Path:
-    return CALIBRATION_DIR / f"{device_kind}.json"
+    """The file `load_calibrations` reads: the user's when it exists, else the shipped one (which may not exist)."""
+    user = user_calibration_path(device_kind)
+    return user if user.is_file() else shipped_calibration_path(device_kind)
+
+
+def load_calibrations(device_kind: str) -> CalibrationSet:
+    """This device kind's calibrations: the user's file when present, else the package's (an empty set when
+    there is neither)."""
+    return read_calibrations(calibration_path(device_kind), device_kind)
 
 
 @functools.cache
-def load_calibrations(device_kind: str) -> CalibrationSet:
-    """The package's calibration file for this device kind (an empty set when there is none)."""
-    path = calibration_path(device_kind)
+def read_calibrations(path: Path, device_kind: str) -> CalibrationSet:
+    """One calibration file (an empty set for `device_kind` when it does not exist)."""
     if not path.exists():
         return CalibrationSet(device_kind)
     data = json.loads(path.read_text())
@@ -143,9 +173,20 @@ def load_calibrations(device_kind: str) -> CalibrationSet:
                           *(ErrorBand(**band) if band else None for band in bands))
 
 
+def refuse_shipped(path: Path) -> None:
+    """A CalibrationError for a path in the package's own calibration folder: an installed package is not the
+    user's to write (a checkout ships a new calibration by copying a fitted file there)."""
+    if path.resolve().parent == SHIPPED_DIR.resolve():
+        raise CalibrationError(f"{path} is the package's shipped calibration, read-only: write your own file (by "
+                               "default ~/.cache/optbench/calibrations/) and, in a checkout, copy it there to ship it")
+
+
 def save_calibrations(calibrations: CalibrationSet, path: Path | None = None) -> Path:
-    path = path or calibration_path(calibrations.device_kind)
+    """Write to `path`, by default the user's file for the device kind (which `load_calibrations` then reads).
+    The package's own folder is refused: an installed package is not the user's to write."""
+    path = path or user_calibration_path(calibrations.device_kind)
+    refuse_shipped(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(calibrations.to_dict(), indent=1) + "\n")
-    load_calibrations.cache_clear()
+    read_calibrations.cache_clear()
     return path

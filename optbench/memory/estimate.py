@@ -25,7 +25,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from optbench.memory import predict
-from optbench.memory.calibration import ErrorBand, load_calibrations
+from optbench.memory.calibration import ErrorBand, calibration_path, load_calibrations, shipped_calibration_path
 from optbench.optimizers import FP32_BYTES, REGISTRY, Shape, UnknownOptimizerError, resolve
 from optbench.optimizers.base import NOMINAL_SHAPE, Param
 from optbench.records.record import GIB, MIB, REFERENCE_OPTIMIZER
@@ -300,7 +300,9 @@ def band_note(first: Estimate) -> str:
         return "no measured error band: no safety margin added"
     borrowed = "" if band.device_kind == first.device_kind else (
         f" (no {first.device_kind} band measured yet: the {band.device_kind} one stands in)")
-    return band.describe() + borrowed
+    path = calibration_path(band.device_kind)
+    own = "" if path == shipped_calibration_path(band.device_kind) else f"; from your calibration file {path}"
+    return band.describe() + borrowed + own
 
 
 def _notes(estimates: Sequence[Estimate], size: ModelSize, stages: Sequence[int]) -> list[str]:

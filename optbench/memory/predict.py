@@ -12,9 +12,10 @@ bytes), state from the registry's analytic count, the step's temporaries per opt
 (`step_temporaries`). Calibrated from a few measured trials of the same model (optbench/memory/calibrate.py):
 activation bytes per token per layer, their seq² attention part, the share of activation pages still
 held at the step, the fixed overhead and each optimizer library's own (allocator slack, library buffers).
-Calibrations live in optbench/memory/<device kind>.json, keyed by model name, with the trial ids
-they came from. A model without one gets the analytic activation estimate scaled like the calibrated
-models' (`analytic_activation_coefficients`, `CalibrationSet.borrowed`), flagged uncalibrated.
+Calibrations are read per device kind by optbench/memory/calibration.py (the user's own file first, else the
+package's), keyed by model name, with the trial ids they came from. A model without one gets the analytic
+activation estimate scaled like the calibrated models' (`analytic_activation_coefficients`,
+`CalibrationSet.borrowed`), flagged uncalibrated.
 
 Targets: on CPU the record's `peak_memory_bytes` (weights + peak RSS growth over the post-warm-up
 baseline), on CUDA `peak_cuda_allocated_bytes`.
@@ -287,9 +288,9 @@ def predict_peak(facts: ModelFacts, entry: OptimizerSpec, optimizer_kwargs: dict
                  borrow_from: CalibrationSet | None = None) -> Prediction:
     """The peak of one trial of `facts`' model trained by `entry` (see the module docstring for the phases).
 
-    `calibration="auto"` looks the model up in the package's calibration file for the device kind; None
-    forces the uncalibrated estimate, which borrows its scales from `borrow_from` (default: the package's
-    calibrations, other models than this one). Raises PredictError for a model without a known architecture.
+    `calibration="auto"` looks the model up in the device kind's calibrations in use (the user's, else the
+    package's); None forces the uncalibrated estimate, which borrows its scales from `borrow_from` (default: those
+    same calibrations, other models than this one). Raises PredictError for a model without a known architecture.
     """
     if facts.arch is None:
         raise PredictError(f"{facts.name}: no transformer config (layers, hidden size, heads) to estimate "
