@@ -1,13 +1,15 @@
-"""`optbench fit`: the growth search against a fake predictor and a fake trial runner, the table and the figure.
-
-No real end-to-end search here: its confirming trials (a fresh process each) take over a minute even on the
-tiny workload; `optbench fit --memory 1.5GiB` on the MiniLM job is the end-to-end check."""
+"""`optbench fit`: the growth search against a fake predictor and a fake trial runner, its decisions on
+constructed records, the table and the figure, and one real search through the command line (the tiny job, a
+grid of three sizes: one confirming trial in a fresh process)."""
 
 import dataclasses
 
+from matplotlib.image import imread
+
+from optbench.__main__ import main
 from optbench.job.spec import TrialSpec
 from optbench.memory import fit
-from optbench.records.record import MIB, Record
+from optbench.records.record import MIB, Record, read_records
 
 BUDGET = 1000 * MIB
 SIZES = fit.candidate_sizes("batch", 256)  # 1, 2, 4, 8, 16, ..., 256
@@ -119,3 +121,53 @@ def test_probe_specs_are_short_and_capped():
     assert spec.max_memory_bytes == 200 * MIB + 2**30  # CPU: a runaway guard, twice the budget + 1 GiB
     cuda = fit.probe_spec(dataclasses.replace(TINY_JOB, device="cuda"), "adamw", "batch", 8, 100 * MIB)
     assert cuda.max_memory_bytes == 100 * MIB  # CUDA: the budget is the allocator's limit
+
+
+def test_a_job_where_every_probe_fails_is_a_table_of_failures_and_an_empty_figure(tmp_path):
+    """Constructed records: every confirming trial ended `error` (a broken optimizer, a bad device): nothing fits,
+    which the table says per trial, and the figure still draws (empty bars) instead of failing on the missing size."""
+    def broken(spec, out_path, progress):
+        return Record(trial_id=spec.trial_id, status="error", error="boom", optimizer=spec.optimizer, device="cpu")
+
+    result = fit.fit(100 * MIB, ["adamw"], tmp_path / "fit.jsonl", job=TINY_JOB, max_size=64, progress=None,
+                     run=broken)
+    growth = result.growths["adamw"]
+    assert growth.size is None and not growth.confirmed and len(growth.probes) == fit.MAX_PROBES
+    assert all(p.status == "error" and not p.fits(100 * MIB) for p in growth.probes)
+    table = fit.fit_table(result)
+    trials = table["trials"][0].split("; ")
+    assert table["largest batch"].isna().all() and len(trials) == fit.MAX_PROBES
+    assert all(trial.endswith(": error") for trial in trials)
+    _, figure = fit.save(result, tmp_path / "fit.jsonl")
+    assert imread(figure).shape[:2] == (round(4.4 * 130), round(11 * 130))  # the figure's inches x dpi
+
+
+def test_an_oom_record_counts_as_over_the_budget_and_stops_the_growth(tmp_path):
+    """Constructed records: batch 48 and above end `oom` under the trial's memory cap, with no peak measured."""
+    def capped(spec, out_path, progress):
+        if spec.batch_size >= 48:
+            return Record(trial_id=spec.trial_id, status="oom", optimizer=spec.optimizer, device="cpu")
+        return fake_run({"adamw": 1.0})(spec, out_path, progress)
+
+    growth = fit.fit(100 * MIB, ["adamw"], tmp_path / "fit.jsonl", job=TINY_JOB, max_size=512, progress=None,
+                     run=capped).growths["adamw"]
+    assert growth.size == 40 and growth.confirmed and growth.probe_at(48).status == "oom"
+
+
+def test_fit_end_to_end_through_the_command_line(tmp_path, capsys):
+    """A grid of 1, 2, 4 samples in a budget they all fit: the predictor proposes 4, one real trial confirms it
+    fits, and the largest size of the grid needs no trial above it."""
+    out = tmp_path / "fit.jsonl"
+    argv = ["fit", "--memory", "16GiB", "--workload", "tiny", "--device", "cpu", "--seq-len", "16",
+            "--optimizers", "adamw", "--max-size", "4", "--out", str(out)]
+    assert main(argv) == 0
+    [record] = read_records(out)
+    assert record.status == "ok" and record.batch_size == 4 and record.steps == fit.PROBE_STEPS
+    assert record.seq_len == 16 and record.workload == "tiny" and record.device == "cpu"
+    printed = capsys.readouterr().out
+    row = next(line for line in printed.splitlines() if line.startswith("| adamw"))
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    assert cells[1:4] == ["4", "4", "False"]
+    assert cells[-1] == "the grid's largest size (4) fits; larger sizes were not tried"
+    assert abs(float(cells[4]) - fit.measured_peak(record) / MIB) <= 0.05  # the measured peak, in MiB
+    assert out.with_suffix(".md").read_text() in printed and imread(out.with_suffix(".png")).shape[0] > 0

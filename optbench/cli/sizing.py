@@ -9,6 +9,7 @@ import argparse
 from pathlib import Path
 
 from optbench.cli.options import UsageError, load_records
+from optbench.cli.sweeping import check_inputs
 
 EXIT_OK, EXIT_NOTHING_FITS = 0, 1
 
@@ -93,6 +94,7 @@ def fit_command(args: argparse.Namespace) -> int:
     job = dataclasses.replace(fit.default_job(), **{k: v for k, v in given.items() if v is not None})
     if args.model and not args.workload:
         job = dataclasses.replace(job, workload="custom")
+    check_inputs(job)  # a bad workload, model or device is one line here, not a traceback or six failed probes
     result = fit.fit(args.memory, names, args.out, job=job, grow_by=args.grow, max_size=args.max_size,
                      run=functools.partial(fit.run_probe, sweep=run_sweep))
     print(fit.render(result))

@@ -1,5 +1,6 @@
-"""What `run` and `study` share: the job flags for the planner, the input check that fails in a second, the
-executor, one line per finished trial, the report and verdict at the end, and the exit status a sweep ends with."""
+"""What `run` and `study` share: the job flags for the planner, the input check that fails in a second (`fit` runs it
+too), the executor, one line per finished trial, the report and verdict at the end, and the exit status a sweep
+ends with."""
 
 from __future__ import annotations
 

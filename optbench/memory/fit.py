@@ -273,6 +273,7 @@ def render(result: FitResult) -> str:
 def plot(result: FitResult, path: Path) -> Path:
     """"What the memory saving buys": largest size and samples/s at it, per optimizer, side by side.
     Unconfirmed sizes are hatched. Matplotlib's object API on the Agg canvas (headless, no global state)."""
+    import pandas as pd
     from matplotlib.figure import Figure
 
     from optbench.report.plots import optimizer_colour
@@ -285,7 +286,7 @@ def plot(result: FitResult, path: Path) -> Path:
     left, right = fig.subplots(1, 2)
     for ax, column, label in ((left, f"largest {unit}", f"largest {unit} size"),
                               (right, "samples/s", "samples/s at that size")):
-        values = [float(v) if v == v and v is not None else 0.0 for v in table[column]]
+        values = [0.0 if pd.isna(v) else float(v) for v in table[column]]  # nothing fitted: an empty bar
         bars = ax.bar(names, values, color=colours)
         for bar, confirmed in zip(bars, table["confirmed"], strict=True):
             bar.set_hatch("" if confirmed else "//")

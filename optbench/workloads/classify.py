@@ -139,14 +139,17 @@ class Classification(Workload):
 
     def meta_model(self, spec: TrialSpec, local_files_only: bool = False) -> torch.nn.Module:
         """With the embedded task's label count: a user dataset's only sizes the head (hidden x labels), and
-        reading it for that would cost more than the whole prediction."""
-        from transformers import AutoModelForSequenceClassification, BertForSequenceClassification
-
+        reading it for that would cost more than the whole prediction. The config is read before any model class
+        is imported (that import loads every quantisation library transformers knows): a bad path fails quietly."""
         source, labels = self.model_source(spec), len(data.LABELS)
         if source is None:
+            from transformers import BertForSequenceClassification
+
             config = tiny_bert_config(tiny_width(spec), labels, load_tokenizer(None).vocab_size)
             return on_meta_device(lambda: BertForSequenceClassification(config), self.model_name(spec))
         config = model_config(source, local_files_only, num_labels=labels)
+        from transformers import AutoModelForSequenceClassification
+
         return on_meta_device(lambda: AutoModelForSequenceClassification.from_config(config), source)
 
     def evaluate(self, model: torch.nn.Module, split: Split, device: torch.device) -> dict[str, float]:

@@ -113,11 +113,13 @@ class CausalLM(Workload):
                      eval=evaluation, chance_loss=math.log(len(tokenizer)), pretrained=bool(spec.model))
 
     def meta_model(self, spec: TrialSpec, local_files_only: bool = False) -> torch.nn.Module:
-        from transformers import AutoModelForCausalLM, LlamaForCausalLM
-
         if spec.model:
-            config = model_config(spec.model, local_files_only)
+            config = model_config(spec.model, local_files_only)  # before the model classes' heavy import
+            from transformers import AutoModelForCausalLM
+
             return on_meta_device(lambda: AutoModelForCausalLM.from_config(config), spec.model)
+        from transformers import LlamaForCausalLM
+
         config = llama_config(len(load_tokenizer(None)), spec.seq_len)
         return on_meta_device(lambda: LlamaForCausalLM(config), self.model_name(spec))
 
