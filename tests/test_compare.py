@@ -272,11 +272,31 @@ def test_the_cpu_generation_and_kernel_set_are_compared():
 
 
 def test_this_machine_stamps_its_cpu_generation_and_load():
+    """The stamp against /proc/cpuinfo read here (the first processor's block): family, model and stepping where
+    the file names them, None where it does not (off Linux, or an ARM cpuinfo without a family)."""
+    import re
+    from pathlib import Path
+
     from optbench.records.environment import environment
 
     env = environment()
     assert env["cpu_capability"] and isinstance(env["load_avg_1m"], float)
-    assert env["cpu_model"] is None or env["cpu_model"].startswith("family ")
+    cpuinfo = Path("/proc/cpuinfo")
+    first = cpuinfo.read_text().split("\n\n")[0] if cpuinfo.exists() else ""
+    fields = dict(re.findall(r"^(cpu family|model|stepping)\s*:\s*(.*)$", first, flags=re.MULTILINE))
+    expected = (f"family {fields['cpu family']} model {fields.get('model', '?')} stepping {fields.get('stepping', '?')}"
+                if "cpu family" in fields else None)
+    assert env["cpu_model"] == expected
+
+
+def test_the_cpu_generation_comes_from_family_model_and_stepping(monkeypatch):
+    from optbench.records import environment
+
+    monkeypatch.setattr(environment, "_cpuinfo", lambda: {"cpu family": "25", "model": "17", "stepping": "1",
+                                                          "model name": "AMD EPYC"})
+    assert environment.cpu_model() == "family 25 model 17 stepping 1"
+    monkeypatch.setattr(environment, "_cpuinfo", lambda: {"model name": "Neoverse-N1", "CPU part": "0xd0c"})
+    assert environment.cpu_model() is None  # no family to tell generations apart by
 
 
 def test_a_run_timed_on_a_busy_machine_is_flagged_in_the_header(tmp_path, capsys):

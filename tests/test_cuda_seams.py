@@ -19,19 +19,32 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 class FakeCuda:
-    """`count` GPUs, GPU `current` current; records what was set."""
+    """`count` GPUs of 80 GiB, GPU `current` current; keeps what was set, and refuses what torch 2.13 refuses."""
+
+    TOTAL_BYTES = 80 * 2**30
 
     def __init__(self, monkeypatch, count: int = 2, current: int = 0) -> None:
-        self.current, self.fractions, self.names_asked = current, [], []
+        self.count, self.current, self.names_asked = count, current, []
+        self.allowed_bytes = dict.fromkeys(range(count), self.TOTAL_BYTES)  # each GPU's caching-allocator limit
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
         monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
         monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
         monkeypatch.setattr(torch.cuda, "current_device", lambda: self.current)
         monkeypatch.setattr(torch.cuda, "set_device", self._set_device)
         monkeypatch.setattr(torch.cuda, "get_device_name", self._name)
-        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: _Properties(80 * 2**30))
-        monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction",
-                            lambda fraction, index: self.fractions.append((fraction, index)))
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: _Properties(self.TOTAL_BYTES))
+        monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", self._set_fraction)
+
+    def _set_fraction(self, fraction, device=None) -> None:
+        """torch/cuda/memory.py: a float in [0, 1] for an existing GPU (None: the current one), else an error."""
+        index = self.current if device is None else device if isinstance(device, int) else device.index
+        if not isinstance(fraction, float):
+            raise TypeError("Invalid type for fraction argument, must be `float`")
+        if not 0 <= fraction <= 1:
+            raise ValueError(f"Invalid fraction value: {fraction}. Allowed range: 0~1")
+        if index not in self.allowed_bytes:
+            raise RuntimeError(f"Invalid device argument {index}")
+        self.allowed_bytes[index] = int(fraction * self.TOTAL_BYTES)
 
     def _set_device(self, device) -> None:
         index = device if isinstance(device, int) else device.index
@@ -71,15 +84,17 @@ def test_each_rank_of_a_pinned_torchrun_group_keeps_the_gpu_it_set(monkeypatch):
     cuda = FakeCuda(monkeypatch, count=2)
     monkeypatch.setenv(GPU_PINNED_ENV, "1")  # the group's two GPUs are the process's cuda:0 and cuda:1
     torch.cuda.set_device(1)  # process.child.rank_main for LOCAL_RANK=1
-    assert resolve_device("cuda") == torch.device("cuda", 1)
-    assert cuda.current == 1
+    assert resolve_device("cuda") == torch.device("cuda", 1) and cuda.current == 1  # asked, not switched
 
 
-def test_the_memory_cap_goes_to_the_trials_gpu(monkeypatch):
+def test_the_memory_cap_limits_the_trials_gpu_and_only_it(monkeypatch):
     cuda = FakeCuda(monkeypatch, count=2, current=1)
     cap_memory(torch.device("cuda"), 20 * 2**30)  # no index: the current GPU, which a rank set before the cap
+    assert cuda.allowed_bytes == {0: 80 * 2**30, 1: 20 * 2**30}
     cap_memory(torch.device("cuda", 0), 40 * 2**30)
-    assert cuda.fractions == [(0.25, 1), (0.5, 0)]
+    assert cuda.allowed_bytes == {0: 40 * 2**30, 1: 20 * 2**30}
+    cap_memory(torch.device("cuda", 1), 200 * 2**30)  # more than the GPU has: the whole GPU, not torch's ValueError
+    assert cuda.allowed_bytes[1] == 80 * 2**30
 
 
 def test_a_cpu_trials_environment_stamp_never_asks_cuda(monkeypatch):

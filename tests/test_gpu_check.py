@@ -4,7 +4,9 @@ run; and the checks it makes on the records (scripts/gpu_check_records.py) on re
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -56,12 +58,53 @@ def test_the_plan_covers_every_check_the_cuda_path_needs(tmp_path):
         assert flags in steps["smoke-all"]
     assert "--precision fp16-autocast --fidelity" in steps["fp16"] and "bf16-autocast" in steps["bf16"]
     assert "--max-memory 64MiB" in steps["max-memory"] and "gpu_check_records.py" in steps["checks"]
-    assert "predictor" in steps
     assert steps["report"].endswith("--format html") and str(tmp_path) in steps["report"]
     assert "--parallel ddp --nproc 1" in steps["ddp"]  # one GPU: a one-rank torchrun group
     two = gpu_check(Path(sys.executable).parent, GPU_CHECK_DRY_RUN="1", GPU_CHECK_OUT=str(tmp_path),
                     GPU_CHECK_DRY_RUN_GPUS="2")
     assert "--parallel ddp --nproc 2" in dict(line.split(": ", 1) for line in two.stdout.splitlines())["ddp"]
+
+
+def _cuda_records(path: Path, shapes, precision: str = "fp32") -> None:
+    """Records a plain CUDA trial of the tiny BERT would write, peaks 5 % over the uncalibrated prediction."""
+    from optbench.job.spec import TrialSpec
+    from optbench.memory import predict
+    from optbench.optimizers import resolve
+    from optbench.records.record import append_record
+
+    facts = predict.facts_for_spec(TrialSpec(optimizer="adamw", workload="tiny"))
+    for name, batch in shapes:
+        peak = predict.predict_peak(facts, resolve(name), batch_size=batch, seq_len=32, precision=precision,
+                                    device_kind="cuda", calibration=None).total_bytes
+        append_record(path, Record(trial_id=f"{path.stem}-{name}-{batch}", status="ok", optimizer=name,
+                                   workload="tiny", model="tiny-bert-h64", device="cuda:0", batch_size=batch,
+                                   seq_len=32, precision=precision, peak_cuda_allocated_bytes=round(peak * 1.05)))
+
+
+def test_the_predictor_step_measures_plain_trials_and_writes_only_into_its_results(tmp_path):
+    """The band's inputs come from steps whose trials it can use (a resume check, a fidelity probe or a parallel
+    group holds more than the predictor models: such records are left out, and a band of none fails); its command,
+    run on the records those steps would write, puts its tables and its band in the results folder, not the
+    package."""
+    result = gpu_check(Path(sys.executable).parent, GPU_CHECK_DRY_RUN="1", GPU_CHECK_OUT=str(tmp_path))
+    steps = {name: shlex.split(command) for name, command in
+             (line.split(": ", 1) for line in result.stdout.splitlines())}
+    command = steps["predictor"]
+    held = command[command.index("--held-out") + 1:command.index("--out-dir")]
+    for path in held:
+        writers = [argv for argv in steps.values() if "--out" in argv and argv[argv.index("--out") + 1] == path]
+        assert writers, f"no step writes {path}"
+        assert all(not {"--resume-check", "--fidelity", "--parallel"} & set(argv) for argv in writers), path
+    _cuda_records(Path(held[0]), [("adamw", 8), ("adafactor", 8), ("adamw8bit", 32), ("adamw", 32)])
+    _cuda_records(Path(held[1]), [("adamw", 8)], precision="bf16-autocast")
+    shipped = {p.name: p.read_bytes() for p in (ROOT / "optbench" / "memory" / "calibrations").iterdir()}
+    run = subprocess.run([sys.executable, *command[1:]], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith("predictor error on 5 held-out cuda trials")
+    band = json.loads((tmp_path / "predictor" / "cuda.json").read_text())["validation_uncalibrated"]
+    assert band["trials"] == 5 and band["worst_under"] == pytest.approx(0.05, abs=1e-3)  # measured 5 % over
+    assert (tmp_path / "predictor" / "held-out.md").is_file()
+    assert {p.name: p.read_bytes() for p in (ROOT / "optbench" / "memory" / "calibrations").iterdir()} == shipped
 
 
 def test_a_failed_step_makes_it_exit_1_after_running_the_rest(tmp_path):

@@ -1,4 +1,5 @@
-"""The report's figures: the pure helpers on hand-made points, then the PNG files from hand-made records.
+"""The report's figures: the pure helpers on hand-made points, then the figures drawn from hand-made records, read
+back from matplotlib's objects (axes, labels, the points, bars and lines plotted) and from the PNG files written.
 (The Pareto front they draw is stats.pareto_front, tested in test_stats.)"""
 
 import subprocess
@@ -6,8 +7,11 @@ import sys
 
 import numpy as np
 import pytest
+from matplotlib.collections import PathCollection
+from matplotlib.image import imread
 
 from optbench.records.record import Record
+from optbench.report import plots
 from optbench.report.frame import summarize, trials_frame
 from optbench.report.plots import label_offsets, mean_band, write_plots
 
@@ -58,11 +62,54 @@ def _frames(records):
     return trials, summarize(trials)
 
 
-def test_every_figure_is_a_non_empty_png(records, tmp_path):
+@pytest.fixture
+def drawn(monkeypatch):
+    """file name -> the Figure written to it, as write_plots draws them."""
+    figures = {}
+    save = plots._save
+
+    def keep(fig, title, path):
+        figures[path.name] = fig
+        return save(fig, title, path)
+
+    monkeypatch.setattr(plots, "_save", keep)
+    return figures
+
+
+def _points(ax):
+    return sorted((round(float(x), 3), round(float(y), 3)) for c in ax.collections if isinstance(c, PathCollection)
+                  for x, y in c.get_offsets())
+
+
+def _bars(ax):
+    return {c.get_label(): [round(r.get_height(), 3) for r in c] for c in ax.containers}
+
+
+def test_every_figure_shows_what_the_records_hold(records, tmp_path, drawn):
     paths = write_plots(*_frames(records), tmp_path)
     assert [p.name for p in paths] == ["tradeoff.png", "curves.png", "memory.png", "fidelity.png"]
-    for path in paths:
-        assert path.read_bytes().startswith(PNG_SIGNATURE) and path.stat().st_size > 10_000
+    for path in paths:  # each file is the figure drawn, at its size in inches x dpi
+        width, height = drawn[path.name].get_size_inches() * plots.DPI
+        assert path.read_bytes().startswith(PNG_SIGNATURE) and imread(path).shape[:2] == (round(height), round(width))
+    state, peak = drawn["tradeoff.png"].axes
+    assert (state.get_xlabel(), state.get_ylabel()) == ("optimizer state (MiB)", "eval accuracy (higher is better)")
+    # per optimizer (mean over seeds): state MiB and accuracy; peak = weights + mean RSS growth
+    assert _points(state) == [(0.1, 0.7), (5.0, 0.88), (20.0, 0.88)]
+    assert _points(peak) == [(15.0, 0.7), (50.0, 0.88), (63.0, 0.88)]
+    assert "not shown: adamw4bit_torchao (oom)" in state.get_title(loc="left")
+    assert [t.get_text().split("\n")[0] for t in state.texts] == ["adamw", "adamw8bit", "adafactor"]
+    (curves,) = drawn["curves.png"].axes
+    lines = {line.get_label(): line.get_ydata().tolist() for line in curves.get_lines()}
+    assert lines["adamw (2 seeds)"] == pytest.approx([1.1, 1.0, 0.895, 0.8])  # the two seeds' mean
+    assert lines["adafactor (1 seed)"] == pytest.approx([1.1, 1.0, 0.9, 0.8])
+    (memory,) = drawn["memory.png"].axes
+    assert _bars(memory) == {"weights": [10.0, 10.0, 10.0], "grads": [10.0, 10.0, 10.0],
+                             "optimizer state": [20.0, 5.0, 0.1], "rest (activations, temporaries)": [23.0, 25.0, 0.0]}
+    assert _points(memory) == [(2.0, 15.0)]  # adafactor's measured peak, below its counted parts: a diamond
+    assert [t.get_text() for t in memory.texts] == ["63 MiB", "50 MiB", "15 MiB"]
+    cosine, _ = drawn["fidelity.png"].axes
+    assert sorted(line.get_label() for line in cosine.get_lines()) == [
+        "adafactor (1 seed), median 0.5", "adamw (2 seeds), median 1", "adamw8bit (1 seed), median 0.99"]
 
 
 def test_no_fidelity_figure_without_fidelity_data_and_a_stale_one_goes(records, tmp_path):
@@ -95,14 +142,21 @@ def test_study_figures_only_where_the_data_supports_them(tmp_path):
     assert not (tmp_path / "profile.png").exists()  # a stale figure is removed
 
 
-def test_where_the_state_bytes_go_only_when_records_carry_it(records, tmp_path):
-    """Without the split no figure (test_every_figure_is_a_non_empty_png lists them all); with it, one."""
+def test_where_the_state_bytes_go_only_when_records_carry_it(records, tmp_path, drawn):
+    """Without the split no figure (test_every_figure_shows_what_the_records_hold lists them all); with it, one
+    stacked bar per optimizer, a segment per module kind in the kinds' order, adding up to its state."""
     split = {"embeddings": 6 * MIB, "attention": 8 * MIB, "mlp": 5 * MIB, "norms/biases": MIB // 2, "head": MIB // 2}
     for record in records[:4]:
         record.state_bytes_by_module = {kind: size * record.state_bytes // (20 * MIB) for kind, size in split.items()}
     paths = write_plots(*_frames(records), tmp_path)
     figure = tmp_path / "state_modules.png"
-    assert figure in paths and figure.read_bytes().startswith(PNG_SIGNATURE) and figure.stat().st_size > 10_000
+    assert figure in paths and figure.read_bytes().startswith(PNG_SIGNATURE)
+    (ax,) = drawn["state_modules.png"].axes
+    bars = _bars(ax)
+    assert list(bars) == ["embeddings", "attention", "mlp", "norms/biases", "head"]
+    assert bars["embeddings"] == [6.0, 1.5, 0.03] and bars["attention"] == [8.0, 2.0, 0.04]  # MiB: adamw, 8bit, ...
+    assert [round(sum(kind[i] for kind in bars.values()), 1) for i in range(3)] == [20.0, 5.0, 0.1]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["adamw", "adamw8bit", "adafactor"]
     records[0].state_bytes_by_module = {}
     assert figure in write_plots(*_frames(records[:2]), tmp_path)  # one of two seeds carries it: still drawn
 

@@ -67,13 +67,14 @@ def test_jobs_2_runs_trials_at_once_and_records_each_once(tmp_path):
 
 
 def test_submitit_local_executor_records_each_trial_once(tmp_path):
-    submitit = pytest.importorskip("submitit")
-    assert submitit.__version__
+    pytest.importorskip("submitit")
     out = tmp_path / "r.jsonl"
     specs = build_grid(["adamw", "adafactor"], [0], **TINY)
     records = run_sweep(specs, out, jobs=2, executor=SubmititExecutor(tmp_path / "jobs", cluster="local"))
     assert all(r.status == "ok" for r in records), [r.error for r in records]
     assert sorted(r.trial_id for r in read_records(out)) == sorted(s.trial_id for s in specs)
+    # each trial went through a submitit job of its own: one result file per job in the executor's folder
+    assert len(list((tmp_path / "jobs").glob("*_result.pkl"))) == len(specs)
 
 
 def test_slots_are_the_jobs_on_cpu_and_the_gpus_on_cuda(monkeypatch):

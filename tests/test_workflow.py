@@ -57,28 +57,69 @@ def test_checkout_keeps_no_credentials(job):
     assert _step(job, "actions/checkout")["with"]["persist-credentials"] is False
 
 
-def test_the_night_is_one_command(job):
-    runs = [step["run"] for step in job["steps"] if "run" in step]
-    assert len(runs) == 2 and "pip install" in runs[0]
+def _bash_step(script: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """A `run:` step as GitHub runs it with `shell: bash`: bash --noprofile --norc -eo pipefail."""
+    return subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", script], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=60)
+
+
+def _stub(path: Path, body: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(0o755)
+    return path
+
+
+@pytest.mark.parametrize("accept", [False, True])
+def test_the_night_is_one_optbench_nightly_command_the_cli_parses(workflow, job, tmp_path, accept):
+    """The Night step run in bash with the venv's python stubbed to log its argv; the argv then goes through
+    optbench's own parser: a renamed flag or a broken `--accept` expansion fails here."""
+    from optbench.cli.options import build_parser
+
+    runs = [step for step in job["steps"] if "run" in step]
+    assert len(runs) == 2 and "pip install" in runs[0]["run"]
     night = runs[1]
-    assert night.startswith('"$VENV/bin/python" -m optbench nightly')  # the install step's environment
-    assert "--device cuda" in night and "--preset nightly" in night
-    assert '--baseline "$BASELINE_DIR"' in night
-    assert "--accept" not in night.replace('"$ACCEPT"', "")  # only when asked for by hand (workflow_dispatch)
-    (night_step,) = [step for step in job["steps"] if step.get("run") == night]
-    assert "if" not in night_step and "continue-on-error" not in night_step  # a red night fails the job
+    assert "if" not in night and "continue-on-error" not in night  # a red night fails the job
+    env = {**os.environ, **workflow["env"], "ACCEPT": "--accept" if accept else ""}
+    _stub(tmp_path / env["VENV"] / "bin" / "python", f'printf "%s\\n" "$@" > "{tmp_path}/argv"\n')
+    result = _bash_step(night["run"], tmp_path, env)
+    assert result.returncode == 0, result.stderr
+    argv = (tmp_path / "argv").read_text().splitlines()
+    assert argv[:2] == ["-m", "optbench"]
+    args = build_parser().parse_args(argv[2:])
+    assert (args.command, args.device, args.preset) == ("nightly", "cuda", "nightly")
+    assert (args.baseline, args.out) == (Path(env["BASELINE_DIR"]), Path(env["NIGHT_DIR"]))
+    assert args.accept is accept  # only when asked for by hand (workflow_dispatch's input)
 
 
-def test_install_goes_into_a_venv_that_keeps_the_runners_cuda_torch(workflow, job):
-    """A Debian/Ubuntu system Python refuses pip installs (PEP 668), and an unconstrained `pip install` may swap
-    the runner's CUDA torch for another build: a venv over the system site-packages, pip pinned to the torch
-    that is there."""
+@pytest.mark.parametrize("cuda", [True, False])
+def test_install_keeps_the_runners_cuda_torch_and_stops_without_one(workflow, job, tmp_path, cuda):
+    """The Install step run in bash against stubs: `python3 -m venv` makes a venv whose python sees a fake torch
+    (CUDA or not) and logs what pip was asked. With CUDA, pip installs constrained to the torch that is there;
+    without, the step fails before pip could swap the runner's torch for another build."""
     install = next(step["run"] for step in job["steps"] if "pip install" in step.get("run", ""))
-    lines = install.splitlines()
-    assert lines[0] == 'python3 -m venv --system-site-packages "$VENV"' and workflow["env"]["VENV"]
-    assert "torch.cuda.is_available()" in install and "f'torch=={torch.__version__}'" in install
-    (pip,) = [line for line in lines if "pip install" in line]
-    assert pip.startswith('"$VENV/bin/python" -m pip install --constraint ') and "torch-constraint.txt" in pip
+    (tmp_path / "fake" / "torch").mkdir(parents=True)
+    (tmp_path / "fake" / "torch" / "__init__.py").write_text(
+        f"__version__ = '2.5.1+cu124'\n\nclass cuda:\n    is_available = staticmethod(lambda: {cuda})\n")
+    venv_python = _stub(tmp_path / "stubs" / "venv-python",
+                        f'[ "$1" = -c ] && PYTHONPATH="{tmp_path}/fake" exec "{sys.executable}" -c "$2"\n'
+                        f'echo "$@" > "{tmp_path}/pip"\n')
+    _stub(tmp_path / "bin" / "python3", f'echo "$@" > "{tmp_path}/venv"\nfor last; do :; done\n'
+                                        f'mkdir -p "$last/bin" && cp "{venv_python}" "$last/bin/python"\n')
+    runner_temp = tmp_path / "runner-temp"
+    runner_temp.mkdir()
+    env = {**os.environ, **workflow["env"], "RUNNER_TEMP": str(runner_temp),
+           "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+    result = _bash_step(install, tmp_path, env)
+    assert (tmp_path / "venv").read_text().split() == ["-m", "venv", "--system-site-packages", env["VENV"]]
+    if not cuda:
+        assert result.returncode != 0 and not (tmp_path / "pip").exists()
+        return
+    assert result.returncode == 0, result.stderr
+    constraint = runner_temp / "torch-constraint.txt"
+    assert constraint.read_text().strip() == "torch==2.5.1+cu124"
+    assert (tmp_path / "pip").read_text().split() == ["-m", "pip", "install", "--constraint", str(constraint), "-e",
+                                                      ".[dev]"]
 
 
 def _tool(name: str) -> str:
