@@ -4,6 +4,8 @@ grid of three sizes: one confirming trial in a fresh process)."""
 
 import dataclasses
 
+import pytest
+from matplotlib.figure import Figure
 from matplotlib.image import imread
 
 from optbench.__main__ import main
@@ -98,7 +100,7 @@ def fake_run(truth_mib_per_sample):
     return run
 
 
-def test_fit_table_render_and_figure(tmp_path):
+def test_fit_table_render_and_figure(tmp_path, monkeypatch):
     run = fake_run({"adamw": 1.0, "adafactor": 0.5})
     result = fit.fit(100 * MIB, ["adamw", "adafactor"], tmp_path / "fit.jsonl", job=TINY_JOB, max_size=512,
                      progress=None, run=run)
@@ -110,8 +112,15 @@ def test_fit_table_render_and_figure(tmp_path):
     assert table["trials"][0].endswith("80: 0.10 GiB fits; 88: 0.11 GiB over")
     text = fit.render(result)
     assert "largest batch within 0.10 GiB per optimizer: tiny, seq 32, fp32, cpu" in text
+    drawn, save = [], Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda figure, path: (drawn.append(figure), save(figure, path))[1])
     table_path, figure_path = fit.save(result, tmp_path / "fit.jsonl")
-    assert table_path.read_text() == text and figure_path.suffix == ".png" and figure_path.stat().st_size > 10_000
+    assert table_path.read_text() == text and imread(figure_path).shape[:2] == (round(4.4 * 130), round(11 * 130))
+    largest, speed = drawn[0].axes
+    assert [round(bar.get_height()) for bar in largest.patches] == [80, 160]  # the largest batch per optimizer
+    assert [bar.get_height() for bar in speed.patches] == pytest.approx(table["samples/s"].tolist())
+    assert [t.get_text() for t in largest.get_xticklabels()] == ["adamw", "adafactor"]
+    assert {bar.get_hatch() or "" for bar in largest.patches} == {""}  # both confirmed: no hatching
 
 
 def test_probe_specs_are_short_and_capped():

@@ -8,7 +8,7 @@ import pytest
 from optbench.job.spec import TrialSpec
 from optbench.memory import estimate, predict
 from optbench.memory.statemap import explain_model
-from optbench.workloads import WorkloadError, get_workload, minilm_path, model_name_for_source
+from optbench.workloads import WORKLOADS, WorkloadError, get_workload, minilm_path, model_name_for_source
 
 
 def _layout(model):
@@ -26,7 +26,7 @@ def _trained(spec):
     return built.model, predict.ModelFacts.from_model(built.model, built.model_name)
 
 
-@pytest.mark.parametrize("workload", ["tiny", "lm", "minilm"])
+@pytest.mark.parametrize("workload", list(WORKLOADS))  # a workload added without its meta model fails here
 def test_predict_and_explain_build_the_model_a_trial_trains(workload):
     spec = TrialSpec(optimizer="adamw", workload=workload, seq_len=16, eval_size=16)
     trained, trained_facts = _trained(spec)

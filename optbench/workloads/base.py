@@ -47,7 +47,7 @@ class Built:
 
 
 class Workload:
-    """Base class: subclasses set the class attributes and implement `build`, `evaluate` and `check`."""
+    """Base class: subclasses set the class attributes and implement `build`, `meta_model`, `evaluate` and `check`."""
 
     name: str = ""
     target_metric: str = "accuracy"
