@@ -288,10 +288,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"optbench.memory.calibrate: no such results file: {', '.join(missing)}", file=sys.stderr)
         return 2
     target = args.calibration_file or user_calibration_path(args.device)
-    try:
-        band = run_validation(args.calibrate_on, args.held_out, args.out_dir, args.device, target)
-    except CalibrationError as exc:
-        print(f"optbench.memory.calibrate: {exc}", file=sys.stderr)
+    with warnings.catch_warnings(record=True) as left_out:
+        warnings.simplefilter("always", LeftOutWarning)
+        try:
+            band = run_validation(args.calibrate_on, args.held_out, args.out_dir, args.device, target)
+        except CalibrationError as exc:
+            band, error = None, exc
+    for warning in left_out:  # one line each, not a warning's file, line and source
+        print(f"optbench.memory.calibrate: warning: {warning.message}", file=sys.stderr)
+    if band is None:
+        print(f"optbench.memory.calibrate: {error}", file=sys.stderr)
         return 2
     print(band.describe())
     used = target.resolve() == user_calibration_path(args.device).resolve()

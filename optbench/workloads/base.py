@@ -221,9 +221,9 @@ def model_config(source: str, local_files_only: bool = False, hint: str = OFFLIN
     try:
         return AutoConfig.from_pretrained(source, local_files_only=local_files_only, **overrides)
     except (OSError, ValueError) as exc:
-        where = "the local Hugging Face cache" if local_files_only else "reachable on the Hugging Face hub"
-        raise WorkloadError(f"cannot read the config of model '{source}' (not a local model folder nor in {where});"
-                            f" {hint}") from exc
+        where = "in the local Hugging Face cache" if local_files_only else "on a reachable Hugging Face hub"
+        raise WorkloadError(f"cannot read the config of model '{source}' (not a local model folder nor {where}); "
+                            f"{hint}") from exc
 
 
 def on_meta_device(build: Callable[[], torch.nn.Module], name: str, hint: str = OFFLINE_MODEL_HINT) -> torch.nn.Module:
