@@ -20,9 +20,10 @@ from _tiny import TINY, started
 from optbench.__main__ import main
 from optbench.job.spec import TrialSpec
 from optbench.optimizers import OptimizerSpec
+from optbench.records import exits
 from optbench.records import record as results
 from optbench.records.record import Record, append_record, read_records
-from optbench.sweep import LocalExecutor, ResultsWriteError, run_sweep
+from optbench.sweep import FunctionExecutor, LocalExecutor, ResultsWriteError, run_sweep, runner
 
 TINY_RUN = ["--workload", "tiny", "--device", "cpu", "--steps", "3", "--warmup-steps", "1", "--batch-size", "4",
             "--seq-len", "16", "--eval-size", "16"]
@@ -262,6 +263,33 @@ def test_write_failing_half_way_leaves_earlier_lines_and_no_torn_fragment(tmp_pa
     monkeypatch.setattr(results, "_write_all", real_write_all)
     append_record(out, Record(trial_id="b", optimizer="adamw", status="ok"))
     assert [r.trial_id for r in read_records(out)] == ["a", "b"]  # no warning: nothing torn in between
+
+
+def test_a_results_write_failure_exits_4_with_one_line_and_keeps_the_lines_written(tmp_path, monkeypatch, capsys):
+    """The disk fills up on the second trial's line: the sweep stops with exit 4 (1 would read as a regression to
+    a script or CI), one line on stderr says what to do, and the first trial's line stays in the file."""
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "r.jsonl"
+    real_append, appended = runner.append_record, []
+
+    def full_on_the_second_line(path, record):
+        appended.append(record.seed)
+        if len(appended) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_append(path, record)
+
+    def fake_trial(spec):  # a result without figures to print: the harness is under test here, not the trial
+        return Record(trial_id=spec.trial_id, optimizer=spec.optimizer, seed=spec.seed, status="oom", error="fake")
+
+    monkeypatch.setattr(runner, "append_record", full_on_the_second_line)
+    monkeypatch.setattr("optbench.sweep.LocalExecutor", lambda **_: FunctionExecutor(fake_trial))
+    code = main(["run", *TINY_RUN, "--no-figures", "--optimizers", "adamw", "--seeds", "0,1", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == exits.WRITE_FAILED == 4
+    assert [r.seed for r in read_records(out)] == [0]
+    failures = [line for line in err.splitlines() if "error" in line]
+    assert len(failures) == 1 and "Traceback" not in err, err
+    assert failures[0].startswith("optbench: error: cannot append to") and "No space left on device" in failures[0]
 
 
 def test_a_writer_killed_mid_line_does_not_corrupt_the_next_append(tmp_path):
