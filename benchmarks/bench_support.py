@@ -77,8 +77,8 @@ def suite_device(name: str) -> torch.device:
     """The device `name` (auto, cpu, cuda, cuda:N) means for the suite, with its index, made the current device:
     `cuda` and `auto` are the current GPU, and a `cuda:N` suite must time on GPU N's stream, not GPU 0's (CUDA
     events, `torch.cuda.synchronize()` and libraries that say "cuda" all follow the current device). The names
-    `trial.resolve_device` refuses are refused (ValueError)."""
-    from optbench.trial.run import resolve_device
+    `job.devices.resolve_device` refuses are refused (ValueError)."""
+    from optbench.job.devices import resolve_device
 
     device = resolve_device(name)
     if device.type == "cuda":

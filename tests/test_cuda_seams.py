@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from optbench.records.environment import GPU_PINNED_ENV, environment, gpu_name
+from optbench.job.devices import GPU_PINNED_ENV, resolve_device
+from optbench.records.environment import environment, gpu_name
 from optbench.sweep.child import cap_memory
-from optbench.trial.run import resolve_device
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -2,16 +2,20 @@
 executors, start-up timing and progress lines."""
 
 import io
+import multiprocessing.context
 import os
 import subprocess
 import sys
+import time
+from collections.abc import MutableMapping
 
 import pytest
 from _tiny import TINY
 
+from optbench.job import devices
 from optbench.job.spec import TrialSpec, build_grid
 from optbench.records.record import Record, read_records
-from optbench.sweep import LocalExecutor, SubmititExecutor, run_sweep
+from optbench.sweep import LocalExecutor, SubmititExecutor, run_sweep, runner
 from optbench.sweep.runner import run_in_subprocess, slot_count
 
 
@@ -78,13 +82,13 @@ def test_submitit_local_executor_records_each_trial_once(tmp_path):
 
 
 def test_slots_are_the_jobs_on_cpu_and_the_gpus_on_cuda(monkeypatch):
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     cpu = [TrialSpec(optimizer="adamw", **TINY)]
     cuda = [TrialSpec(optimizer="adamw", **{**TINY, "device": "auto"})]
-    assert slot_count(cpu, 3, gpus=2) == 3
-    assert slot_count(cuda, 4, gpus=2) == 2
+    assert slot_count(cpu, 3, ["0", "1"]) == 3
+    assert slot_count(cuda, 4, ["0", "1"]) == 2
     assert slot_count([TrialSpec(optimizer="adamw", parallel="ddp", nproc=2, **{**TINY, "device": "cuda"})], 4,
-                      gpus=2) == 1
+                      ["0", "1"]) == 1
+    assert slot_count(cuda, 4, []) == 4  # auto without a GPU: CPU trials, the jobs asked for
 
 
 def test_progress_is_one_plain_line_per_trial_with_eta(tmp_path):
@@ -127,3 +131,72 @@ def test_parallel_trials_launch_through_torchrun(tmp_path, monkeypatch):
     assert launched[0][1:] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                                "-m", "optbench.sweep.child", "rank", launched[0][-2], launched[0][-1]]
     assert record.status == "error" and "exited with code 1" in record.error
+
+
+class WatchedEnviron(MutableMapping):
+    """os.environ as the sweep sees it, every write recorded; a deletion lingers, as a restore after clear() would,
+    so that a thread reading meanwhile could find the variable gone."""
+
+    def __init__(self, real) -> None:
+        self.real, self.writes = real, []
+
+    def __getitem__(self, key):
+        return self.real[key]
+
+    def __setitem__(self, key, value):
+        self.writes.append(("set", key))
+        self.real[key] = value
+
+    def __delitem__(self, key):
+        self.writes.append(("del", key))
+        del self.real[key]
+        time.sleep(0.01)
+
+    def __iter__(self):
+        return iter(dict(self.real))
+
+    def __len__(self):
+        return len(self.real)
+
+    def copy(self):
+        return dict(self.real)
+
+
+class CapturedProcess:
+    """A forkserver child that only says what it was given: its environment is the last argument."""
+
+    launched: list[dict[str, str]] = []
+
+    def __init__(self, target=None, args=(), daemon=None):
+        self.args, self.pid, self.exitcode = args, None, None
+
+    def start(self):
+        CapturedProcess.launched.append(self.args[-1])
+
+    def join(self, timeout=None):
+        self.exitcode = 0  # exited without a record: the sweep records an error and goes on
+
+
+def test_jobs_2_children_get_the_users_environment_and_their_own_gpu_and_the_sweeps_stays_as_it_was(tmp_path,
+                                                                                               monkeypatch):
+    """Two trials at once on a masked 3-GPU machine, the forkserver started by the first: each child is handed its
+    whole environment, which is the user's plus its slot's one GPU from the user's mask; the sweep process's
+    os.environ is never written (a thread handing out GPUs reads it), and counting GPUs writes nothing either."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-a,GPU-b,GPU-c")
+    monkeypatch.delenv("PYTORCH_NVML_BASED_CUDA_CHECK", raising=False)
+    monkeypatch.setattr(runner, "cuda_device_count", lambda: 3)
+    monkeypatch.setattr(multiprocessing.context.ForkServerContext, "Process", CapturedProcess)
+    CapturedProcess.launched = []
+    user = dict(os.environ)
+    watched = WatchedEnviron(os.environ)
+    monkeypatch.setattr(os, "environ", watched)
+    specs = [TrialSpec(optimizer="adamw", **{**TINY, "device": "cuda", "seed": seed}) for seed in (0, 1)]
+    records = run_sweep(specs, tmp_path / "r.jsonl", jobs=2, executor=LocalExecutor(echo=False), progress=None)
+    devices.cuda_device_count()
+    assert watched.writes == [] and dict(watched.real) == user
+    assert [r.status for r in records] == ["error", "error"]  # the captured children wrote no record
+    masks = sorted(env["CUDA_VISIBLE_DEVICES"] for env in CapturedProcess.launched)
+    assert masks == ["GPU-a", "GPU-b"]  # one GPU each, from the user's mask, never the same one
+    for env in CapturedProcess.launched:
+        slot = {"CUDA_VISIBLE_DEVICES": env["CUDA_VISIBLE_DEVICES"], devices.GPU_PINNED_ENV: "1"}
+        assert env == {**user, "TOKENIZERS_PARALLELISM": "false", "OPTBENCH_SWEEP_PID": str(os.getpid()), **slot}

@@ -62,8 +62,8 @@ def executor(args: argparse.Namespace, specs: list, out: Path):
 
 def check_inputs(spec) -> None:
     """Ask the workload to check the dataset and model in this process first, so bad input fails in a second."""
+    from optbench.job.devices import resolve_device
     from optbench.trial.precision import parse_precision
-    from optbench.trial.run import resolve_device
     from optbench.workloads import WorkloadError, get_workload
 
     try:

@@ -32,6 +32,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from optbench.job.devices import device_kind
 from optbench.memory import predict
 from optbench.memory.calibration import (
     Calibration,
@@ -46,7 +47,6 @@ from optbench.memory.calibration import (
 )
 from optbench.memory.validation import (
     LeftOutWarning,
-    device_kind,
     error_band,
     measured_peak,
     predicted,
@@ -89,7 +89,7 @@ class _Point:
 
 def _point(record: Record) -> _Point:
     facts = predict.facts_for_spec(spec_for(record))
-    kind = device_kind(record)
+    kind = device_kind(record.device)
     bare = predicted(record, kind, None, CalibrationSet(kind))
     params = facts.in_precision(record.precision)
     grads = sum(p.nbytes for p in params)
@@ -172,7 +172,7 @@ def calibrate(records: Iterable[Record], sources: Sequence[str] = ()) -> Calibra
     library to give it its own overhead), pin every figure; fewer fix some (`_free_parameters`). Unusable records
     are left out with a LeftOutWarning."""
     chosen = _usable(records, "calibration")
-    groups = Counter((device_kind(r), r.model, r.precision) for r in chosen)
+    groups = Counter((device_kind(r.device), r.model, r.precision) for r in chosen)
     if len(groups) != 1:
         found = ", ".join(f"{m} on {d} at {p}" for d, m, p in groups) or "no ok single-process trial"
         raise CalibrationError(f"calibrate needs the trials of one model on one device kind at one precision, "
@@ -198,7 +198,7 @@ def calibrate_all(records: Iterable[Record], sources: Sequence[str] = ()) -> lis
     """A calibration per (device kind, model) among the usable records, at each group's most common precision."""
     groups: dict[tuple[str, str], list[Record]] = {}
     for record in _usable(records, "calibration"):
-        groups.setdefault((device_kind(record), record.model), []).append(record)
+        groups.setdefault((device_kind(record.device), record.model), []).append(record)
     calibrations = []
     for group in groups.values():
         precision = Counter(r.precision for r in group).most_common(1)[0][0]

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from optbench.job.devices import device_kind
 from optbench.job.spec import PRESETS, TrialSpec
 from optbench.memory.calibrate import measured_peak
 from optbench.records.record import GIB, MIB, Record, read_records
@@ -142,19 +143,12 @@ def default_job() -> TrialSpec:
                      seq_len=preset.seq_len, eval_size=PROBE_EVAL_SIZE, timeout_s=preset.timeout_s)
 
 
-def device_kind(job: TrialSpec) -> str:
-    if job.device == "auto":
-        import torch
-
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return "cuda" if job.device.startswith("cuda") else "cpu"
-
-
 def probe_spec(job: TrialSpec, optimizer: str, grow_by: str, size: int, budget_bytes: int) -> TrialSpec:
     """A short trial of `job` at `size`. Its memory cap: on CUDA the budget itself (the allocator's limit, so
     a size over it fails `oom`); on CPU a guard against a runaway trial only (`CPU_CAP_FACTOR`), because the
     address space RLIMIT_AS caps grows faster than the resident memory the budget is about."""
-    cap = budget_bytes if device_kind(job) == "cuda" else int(CPU_CAP_FACTOR * budget_bytes + CPU_CAP_SLACK_BYTES)
+    on_cuda = device_kind(job.device) == "cuda"
+    cap = budget_bytes if on_cuda else int(CPU_CAP_FACTOR * budget_bytes + CPU_CAP_SLACK_BYTES)
     return dataclasses.replace(job, optimizer=optimizer, steps=PROBE_STEPS, warmup_steps=PROBE_WARMUP_STEPS,
                                eval_size=min(job.eval_size, PROBE_EVAL_SIZE), eval_every=0, max_memory_bytes=cap,
                                **{GROW_FIELDS[grow_by]: size})
@@ -201,7 +195,7 @@ def fit(budget_bytes: int, optimizers: Sequence[str], out_path: Path, job: Trial
     from optbench.optimizers import resolve
 
     job = job or default_job()
-    kind = device_kind(job)
+    kind = device_kind(job.device)
     facts = predict.facts_for_spec(job)
     sizes = candidate_sizes(grow_by, size_limit(facts, grow_by, max_size))
     growths = {}

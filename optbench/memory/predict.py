@@ -28,6 +28,7 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any
 
+from optbench.job import devices
 from optbench.memory.calibration import Calibration, CalibrationSet, load_calibrations
 from optbench.optimizers import FP32_BYTES, OptimizerSpec, Param, describe_model
 
@@ -347,6 +348,5 @@ def for_trial(spec: Any, model: Any, entry: OptimizerSpec, device: str = "cpu") 
     facts = ModelFacts.from_model(model, get_workload(spec.workload).model_name(spec))
     if facts.arch is None:
         return None
-    kind = "cuda" if str(device).startswith("cuda") else "cpu"
     return predict_peak(facts, entry, spec.optimizer_kwargs, batch_size=spec.batch_size, seq_len=spec.seq_len,
-                        precision=spec.precision, device_kind=kind).total_bytes
+                        precision=spec.precision, device_kind=devices.device_kind(str(device))).total_bytes

@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
+from optbench.job.devices import device_kind
 from optbench.memory import predict
 from optbench.memory.calibration import Calibration, CalibrationError, CalibrationSet, ErrorBand, load_calibrations
 from optbench.optimizers import UnknownOptimizerError, resolve
@@ -23,15 +24,11 @@ class LeftOutWarning(UserWarning):
     """Records a fit or a band could not use: one warning per use, counting each reason."""
 
 
-def device_kind(record: Record) -> str:
-    return "cuda" if record.device.startswith("cuda") else "cpu"
-
-
 def measured_peak(record: Record) -> int | None:
     """The figure the predictor targets: peak_memory_bytes on CPU (weights + peak RSS growth), the CUDA
     allocator's peak on CUDA."""
     split_peak_memory(record)
-    return record.peak_cuda_allocated_bytes if device_kind(record) == "cuda" else record.peak_memory_bytes
+    return record.peak_cuda_allocated_bytes if device_kind(record.device) == "cuda" else record.peak_memory_bytes
 
 
 def unusable_reason(record: Record) -> str | None:
@@ -91,7 +88,7 @@ def validation_table(records: Iterable[Record], calibrations: CalibrationSet | N
         if reason is not None:
             left_out[reason] += 1
             continue
-        kind = device_kind(record)
+        kind = device_kind(record.device)
         found = calibrations if calibrations is not None and calibrations.device_kind == kind else \
             load_calibrations(kind)
         calibration = found.models.get(record.model)

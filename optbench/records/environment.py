@@ -16,9 +16,6 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-# Set by the process layer when it pinned a trial's GPU(s) with CUDA_VISIBLE_DEVICES: the trial's `cuda:N` is
-# then this process's cuda:0 (optbench/sweep/devices.py, trial.resolve_device).
-GPU_PINNED_ENV = "OPTBENCH_GPU_PINNED"
 # Environment-stamp keys that change what a number means: the benchmarks add them to pytest-benchmark's
 # machine_info (which has the CPU already), and `compare` warns when two runs differ in any of them.
 # Hardware (the CPU's family/model/stepping and the kernel set torch dispatches to, which changes

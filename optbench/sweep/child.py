@@ -132,11 +132,11 @@ def _apply_settings(spec: Any, device: Any) -> None:
 def _thread_lock_for_progress_bars() -> None:
     """tqdm guards its bars with a multiprocessing lock: a named semaphore registered with the sweep's resource
     tracker. A trial killed mid-run (a timeout, Ctrl-C) never unregisters it, and the tracker then warns about a
-    leaked semaphore after the sweep's last line. One process draws one bar: a thread lock does."""
+    leaked semaphore after the sweep's last line. One process draws one bar: a thread lock does (tqdm's public
+    `set_lock`, before the trial draws any bar)."""
     from tqdm import tqdm
 
-    if not hasattr(tqdm, "_lock"):
-        tqdm.set_lock(threading.RLock())
+    tqdm.set_lock(threading.RLock())
 
 
 def _write_record(record: Any, record_path: Path) -> None:
@@ -148,7 +148,7 @@ def _write_record(record: Any, record_path: Path) -> None:
 
 def _device_for(spec: Any) -> Any:
     """The trial's device for the memory cap; a bad name is left to the trial, which records it."""
-    from optbench.trial.run import resolve_device
+    from optbench.job.devices import resolve_device
 
     try:
         return resolve_device(spec.device)
@@ -158,14 +158,24 @@ def _device_for(spec: Any) -> Any:
         return torch.device("cpu")
 
 
-def run_child(spec_path: str, record_path: str, log_path: str, launched_at: float, env: dict[str, str]) -> None:
-    """Run one trial in this (fresh) process and write its record to `record_path`."""
+def _adopt_environment(env: dict[str, str]) -> None:
+    """This forked child's environment becomes exactly `env`, the one the sweep handed it: what it inherited is
+    the forkserver's (the sweep's when the server started, plus the server's own settings)."""
+    os.environ.clear()
+    os.environ.update(env)
+
+
+def run_child(spec_path: str, record_path: str, log_path: str, launched_at: float,
+              env: dict[str, str] | None) -> None:
+    """Run one trial in this (fresh) process and write its record to `record_path`. `env`: the whole environment
+    for a forked child; None for a spawned one, which was started with it."""
     if os.getpgrp() != os.getpid():
         os.setsid()  # its own process group: a timeout or interrupt kills the trial and its helpers
     log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(log, 1)
     os.dup2(log, 2)
-    os.environ.update(env)
+    if env is not None:
+        _adopt_environment(env)
     sweep = _sweep_pid()
     if sweep is not None:
         kill_groups_when_gone([sweep], [os.getpgrp()])
@@ -192,6 +202,7 @@ def rank_main(spec_path: str, record_path: str) -> int:
     import torch
     import torch.distributed as dist
 
+    from optbench.job.devices import device_kind
     from optbench.job.spec import TrialSpec
     from optbench.trial.run import run_trial
 
@@ -201,7 +212,7 @@ def rank_main(spec_path: str, record_path: str) -> int:
     # sweep is gone, and leave when torchrun is (the runner's timeout kills torchrun's group only).
     kill_groups_when_gone([launcher] + ([sweep] if sweep else []), [launcher, os.getpgrp()])
     spec = TrialSpec.from_dict(json.loads(Path(spec_path).read_text()))
-    cuda = spec.device.startswith("cuda") or (spec.device == "auto" and torch.cuda.is_available())
+    cuda = device_kind(spec.device) == "cuda"
     if cuda:  # "cuda" then means this rank's GPU everywhere (the planner refuses cuda:N with --parallel)
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     _apply_settings(spec, _device_for(spec))
@@ -237,7 +248,7 @@ def main(argv: list[str]) -> int:
     if kind == "rank":
         return rank_main(rest[0], rest[1])
     preload(PRELOAD)
-    run_child(rest[0], rest[1], rest[2], float(rest[3]), {})
+    run_child(rest[0], rest[1], rest[2], float(rest[3]), None)
     return 0
 
 

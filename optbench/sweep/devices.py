@@ -4,16 +4,16 @@ Every CUDA trial process sees exactly its own GPU(s) through CUDA_VISIBLE_DEVICE
 process may use (the user's mask — indices or GPU UUIDs — is indexed into, never replaced): a single-process
 trial one GPU (so HF Trainer cannot wrap the model in DataParallel and every library's "cuda" is the trial's
 GPU), a torchrun group of N ranks N GPUs. With `--jobs J` the J slots get disjoint GPUs. A pinned trial sees its
-GPU as cuda:0; OPTBENCH_GPU_PINNED tells it so (`trial.resolve_device`).
+GPU as cuda:0; OPTBENCH_GPU_PINNED tells it so (`job.devices.resolve_device`). Every function here reads the
+environment it is given, never os.environ: the sweep reads its own once, before any trial starts.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from typing import Any
 
-from optbench.records.environment import GPU_PINNED_ENV
+from optbench.job.devices import GPU_PINNED_ENV, device_kind
 
 BITSANDBYTES_PRELOAD = ("bitsandbytes",)  # ~5.5 s to import on CPU; it probes CUDA when it is imported
 
@@ -31,11 +31,6 @@ def gpu_slots(visible: list[str], jobs: int, nproc: int) -> int:
     return max(1, min(jobs, len(visible) // max(1, nproc)))
 
 
-def wants_cuda(device: str, gpus: int) -> bool:
-    """A spec's device resolves to CUDA here: `cuda`, `cuda:N`, or `auto` with a GPU visible."""
-    return device.startswith("cuda") or (device == "auto" and gpus > 0)
-
-
 def trial_environment(device: str, nproc: int, slot: int, visible: list[str], jobs: int,
                       cpu_count: int) -> dict[str, str]:
     """The environment one trial process adds to its own: its GPU mask, or its CPU thread share.
@@ -43,7 +38,7 @@ def trial_environment(device: str, nproc: int, slot: int, visible: list[str], jo
     `device` is the spec's (`cpu`, `auto`, `cuda`, `cuda:N`); `slot` is which of the `jobs` concurrent slots runs
     it. `cuda:N` pins the Nth visible GPU whatever the slot (the planner refuses an index with torchrun groups).
     """
-    if wants_cuda(device, len(visible)):
+    if device_kind(device, len(visible)) == "cuda":
         _, _, index = device.partition(":")
         if index:
             chosen = [visible[int(index)]] if int(index) < len(visible) else [index]
@@ -62,14 +57,6 @@ def preload_modules(base: tuple[str, ...], uses_bitsandbytes: bool, gpus: int) -
     environment stamp. multiprocessing keeps one forkserver per process, so this must hold for every later sweep
     in the same process too, which the GPU count alone guarantees."""
     return base + (BITSANDBYTES_PRELOAD if uses_bitsandbytes and gpus == 0 else ())
-
-
-def cuda_device_count() -> int:
-    """GPUs this process could use, counted through NVML (no CUDA context: children must be free to use theirs)."""
-    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def slurm_parameters(device: str, nproc: int, timeout_s: float, name: str) -> dict[str, Any]:

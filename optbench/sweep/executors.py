@@ -1,8 +1,12 @@
 """Where and how a trial's process runs: locally (forkserver, fresh interpreter or torchrun) or via submitit.
 
-An executor turns (spec, child environment) into a Record, whatever happens to the process: a timeout,
-a crash or a kill by the out-of-memory killer becomes a record with that status. `stop()` kills every
+An executor turns (spec, what the trial adds to its environment) into a Record, whatever happens to the process: a
+timeout, a crash or a kill by the out-of-memory killer becomes a record with that status. `stop()` kills every
 child still running (an interrupted sweep must not leave trials training on as orphans).
+
+A child gets its whole environment as an argument (`child_environment`): the environment the executor was made
+in, the child settings and the trial's own additions. Nothing here changes os.environ: threads that start trials
+side by side read it, and the process it belongs to is the user's.
 """
 
 from __future__ import annotations
@@ -22,14 +26,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
+from optbench.job.devices import cuda_device_count
 from optbench.job.spec import TrialSpec
 from optbench.records.record import Record
 from optbench.sweep.child import PRELOAD, SWEEP_PID_ENV
-from optbench.sweep.devices import cuda_device_count, node_environment, preload_modules, slurm_parameters
+from optbench.sweep.devices import node_environment, preload_modules, slurm_parameters
 
 STDERR_TAIL_BYTES = 32768  # torchrun's own summary alone is ~1 KB: the rank's error sits above it
 ECHO_POLL_S = 0.2
 STARTUPS = ("forkserver", "spawn")
+SERVER_PRELOAD = ("optbench.sweep.server",)  # first in the forkserver: its own environment (sweep/server.py)
 OOM_MARKERS = ("std::bad_alloc", "MemoryError", "Cannot allocate memory", "can't allocate memory",
                "out of memory")
 
@@ -138,6 +144,7 @@ class LocalExecutor:
             raise ValueError(f"startup must be one of {', '.join(STARTUPS)}, got '{startup}'")
         self.startup = startup
         self.echo = sys.stderr.isatty() if echo is None else echo
+        self.base_env = dict(os.environ)  # read once, here: every child's environment starts from it
         self.preload = preload_modules(PRELOAD, uses_bitsandbytes, cuda_device_count() if uses_bitsandbytes else 0)
         self._context: multiprocessing.context.BaseContext | None = None
         self._lock = threading.Lock()
@@ -145,9 +152,7 @@ class LocalExecutor:
         self._stopped = False
 
     def run(self, spec: TrialSpec, env: dict[str, str]) -> Record:
-        child_env = {"TOKENIZERS_PARALLELISM": "false", SWEEP_PID_ENV: str(os.getpid()), **env}
-        if self.echo:
-            child_env["OPTBENCH_PROGRESS"] = "1"  # the trial's bar reaches our terminal; a log gets none
+        child_env = child_environment(self.base_env, env, self.echo)
         with tempfile.TemporaryDirectory(prefix="optbench-") as tmp:
             spec_path, record_path, log_path = (Path(tmp) / name for name in ("spec.json", "record.json", "log"))
             spec_path.write_text(json.dumps(spec.to_dict()))
@@ -188,7 +193,7 @@ class LocalExecutor:
                 return None
             if spec.parallel != "none":
                 child = _Child(self._torchrun(spec, spec_path, record_path, log_path, env))
-            elif self.startup == "forkserver":
+            elif self.startup == "forkserver":  # the child replaces its inherited environment with `env`
                 process = self._forkserver_locked().Process(
                     target=_child_entry, daemon=False,
                     args=(str(spec_path), str(record_path), str(log_path), launched_at, env))
@@ -198,27 +203,19 @@ class LocalExecutor:
                 command = [sys.executable, "-m", "optbench.sweep.child", "run", str(spec_path), str(record_path),
                            str(log_path), repr(launched_at)]
                 child = _Child(subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                                stderr=subprocess.DEVNULL, start_new_session=True,
-                                                env={**os.environ, **env}))
+                                                stderr=subprocess.DEVNULL, start_new_session=True, env=env))
             self._running.add(child)
             return child
 
     def _forkserver_locked(self) -> multiprocessing.context.BaseContext:
-        """The forkserver, started on first use with the preloads. Its environment is what libraries read
-        at import (once, in the server): tokenizers without their own thread pool, and a CUDA check
-        through NVML so that nothing preloaded initialises CUDA."""
+        """The forkserver, started on first use with the preloads; the first sets the server's own environment,
+        which its libraries read when they are imported (sweep/server.py)."""
         if self._context is None:
             from multiprocessing import forkserver
 
             self._context = multiprocessing.get_context("forkserver")
-            self._context.set_forkserver_preload(list(self.preload))
-            saved = os.environ.copy()
-            os.environ.update({"TOKENIZERS_PARALLELISM": "false", "PYTORCH_NVML_BASED_CUDA_CHECK": "1"})
-            try:
-                forkserver.ensure_running()
-            finally:
-                os.environ.clear()
-                os.environ.update(saved)
+            self._context.set_forkserver_preload(list(SERVER_PRELOAD + self.preload))
+            forkserver.ensure_running()
         return self._context
 
     @staticmethod
@@ -228,7 +225,7 @@ class LocalExecutor:
         with open(log_path, "ab") as log:
             return subprocess.Popen(
                 launch_command(spec, spec_path, record_path),
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, env={**os.environ, **env})
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, env=env)
 
     def _died(self, spec: TrialSpec, returncode: int, tail: bytes) -> Record:
         """A child that exited without writing its record: out of memory if the signs say so, else an error."""
@@ -247,6 +244,16 @@ class LocalExecutor:
             running = list(self._running)
         for child in running:
             child.kill()
+
+
+def child_environment(base: dict[str, str], env: dict[str, str], echo: bool) -> dict[str, str]:
+    """The whole environment of one trial process: `base` (the environment the sweep started with), the child
+    settings (tokenizers without a thread pool, the sweep's pid for the watchdog, the progress bar when echoed to a
+    terminal), then what the trial adds (`env`: its GPU mask or thread share)."""
+    settings = {"TOKENIZERS_PARALLELISM": "false", SWEEP_PID_ENV: str(os.getpid())}
+    if echo:
+        settings["OPTBENCH_PROGRESS"] = "1"  # the trial's bar reaches our terminal; a log gets none
+    return {**base, **settings, **env}
 
 
 def launch_command(spec: TrialSpec, spec_path: Path, record_path: Path) -> list[str]:

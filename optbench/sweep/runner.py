@@ -19,9 +19,10 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import TextIO
 
+from optbench.job.devices import cuda_device_count, device_kind
 from optbench.job.spec import TrialSpec
 from optbench.records.record import Record, append_record, completed_trial_ids
-from optbench.sweep.devices import cuda_device_count, gpu_slots, trial_environment, visible_gpus, wants_cuda
+from optbench.sweep.devices import gpu_slots, trial_environment, visible_gpus
 from optbench.sweep.executors import Executor, FunctionExecutor, LocalExecutor
 
 
@@ -46,17 +47,11 @@ def run_in_subprocess(spec: TrialSpec) -> Record:
     return LocalExecutor(startup="spawn").run(spec, {})
 
 
-def slot_count(specs: list[TrialSpec], jobs: int, gpus: int) -> int:
-    """Trials at once: `jobs`, but on CUDA never more than the visible GPUs hold (a torchrun group takes N)."""
-    if not any(wants_cuda(s.device, gpus) for s in specs):
+def slot_count(specs: list[TrialSpec], jobs: int, visible: list[str]) -> int:
+    """Trials at once: `jobs`, but on CUDA never more than the `visible` GPUs hold (a torchrun group takes N)."""
+    if not any(device_kind(s.device, len(visible)) == "cuda" for s in specs):
         return jobs
-    return gpu_slots(visible_gpus(os.environ, gpus), jobs, max(s.nproc for s in specs))
-
-
-def slot_environment(spec: TrialSpec, slot: int, slots: int, gpus: int) -> dict[str, str]:
-    """What the trial in `slot` adds to its environment: its GPU(s), or its share of the CPU threads."""
-    return trial_environment(spec.device, spec.nproc, slot, visible_gpus(os.environ, gpus), slots,
-                             os.cpu_count() or 1)
+    return gpu_slots(visible, jobs, max(s.nproc for s in specs))
 
 
 class _Progress:
@@ -97,8 +92,9 @@ def run_sweep(specs: list[TrialSpec], out_path: Path, run_id: str | None = None,
         return []
     if executor is None:
         executor = FunctionExecutor(run_trial) if run_trial is not None else LocalExecutor()
-    gpus = cuda_device_count() if any(s.device != "cpu" for s in pending) else 0
-    slots = slot_count(pending, jobs, gpus)
+    # The GPUs the user's mask allows, read once before any trial starts (nothing changes os.environ meanwhile).
+    visible = visible_gpus(os.environ, cuda_device_count() if any(s.device != "cpu" for s in pending) else 0)
+    slots = slot_count(pending, jobs, visible)
     free: queue.SimpleQueue[int] = queue.SimpleQueue()
     for slot in range(slots):
         free.put(slot)
@@ -106,7 +102,8 @@ def run_sweep(specs: list[TrialSpec], out_path: Path, run_id: str | None = None,
     def in_slot(spec: TrialSpec) -> Record:
         slot = free.get()
         try:
-            return executor.run(spec, slot_environment(spec, slot, slots, gpus))
+            env = trial_environment(spec.device, spec.nproc, slot, visible, slots, os.cpu_count() or 1)
+            return executor.run(spec, env)
         finally:
             free.put(slot)
 

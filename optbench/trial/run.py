@@ -25,10 +25,11 @@ from typing import Any
 
 import torch
 
+from optbench.job.devices import GPU_PINNED_ENV, device_kind, resolve_device
 from optbench.job.spec import TrialSpec
 from optbench.optimizers import OptimizerSpec, resolve
 from optbench.probes import measure
-from optbench.records.environment import GPU_PINNED_ENV, cpu_name, environment
+from optbench.records.environment import cpu_name, environment
 from optbench.records.record import Record, job_key, split_peak_memory
 from optbench.trial.engines import Diverged, Setup, engine_for, evaluate
 from optbench.trial.precision import dtype_name, parse_precision
@@ -36,30 +37,6 @@ from optbench.trial.schedules import make_scheduler
 
 DIVERGENCE_FACTOR = 3.0  # final loss this many times the first loss (or the chance loss) → diverged
 BANDWIDTH_SAMPLES = 5  # triad passes before and again after training: the roofline's ceiling and its spread
-
-
-def resolve_device(name: str) -> torch.device:
-    """The torch device a spec's device name means in this process, always with an index on CUDA (torch's
-    set_device and the memory cap want one). Where the process layer pinned the trial's GPU (CUDA_VISIBLE_DEVICES
-    holds only it), `cuda:N` is this process's cuda:0; a bare `cuda` is the current GPU (a torchrun rank has set
-    its own), asked without initialising CUDA where nothing has yet."""
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ValueError(f"unknown device '{name}'; use auto, cpu, cuda or cuda:N") from None
-    if device.type != "cuda":
-        return device
-    if not torch.cuda.is_available():
-        raise ValueError(f"device '{name}' asked for, but this torch build sees no CUDA device (use --device cpu)")
-    if device.index is None:
-        return torch.device("cuda", torch.cuda.current_device() if torch.cuda.is_initialized() else 0)
-    if os.environ.get(GPU_PINNED_ENV):
-        return torch.device("cuda", 0)
-    if device.index >= torch.cuda.device_count():
-        raise ValueError(f"device '{name}' asked for, but only {torch.cuda.device_count()} GPU(s) are visible")
-    return device
 
 
 def device_name(device: torch.device) -> str:
@@ -95,7 +72,7 @@ def record_from_spec(spec: TrialSpec) -> Record:
         pass
     # Where it would have run and on what: a failed trial's record still lands in its job (compare, report).
     if spec.device == "auto":
-        record.device = "cuda" if torch.cuda.is_available() else "cpu"
+        record.device = device_kind(spec.device)
     record.job_key = job_key(record)
     record.env = environment(None if record.device.startswith("cuda") else torch.device("cpu"))
     return record
