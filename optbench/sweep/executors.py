@@ -28,6 +28,7 @@ from typing import Protocol
 
 from optbench.job.devices import cuda_device_count
 from optbench.job.spec import TrialSpec
+from optbench.records.oom import says_out_of_memory
 from optbench.records.record import Record
 from optbench.sweep.child import PRELOAD, SWEEP_PID_ENV
 from optbench.sweep.devices import node_environment, preload_modules, slurm_parameters
@@ -36,8 +37,6 @@ STDERR_TAIL_BYTES = 32768  # torchrun's own summary alone is ~1 KB: the rank's e
 ECHO_POLL_S = 0.2
 STARTUPS = ("forkserver", "spawn")
 SERVER_PRELOAD = ("optbench.sweep.server",)  # first in the forkserver: its own environment (sweep/server.py)
-OOM_MARKERS = ("std::bad_alloc", "MemoryError", "Cannot allocate memory", "can't allocate memory",
-               "out of memory")
 
 
 class Executor(Protocol):
@@ -59,12 +58,23 @@ class FunctionExecutor:
         pass
 
 
-def failed_record(spec: TrialSpec, status: str, error: str) -> Record:
+def failed_record(spec: TrialSpec, status: str, error: str, wall_s: float | None = None) -> Record:
     from optbench.trial.run import record_from_spec  # imports torch: only needed when a child failed
 
     record = record_from_spec(spec)
-    record.status, record.error = status, error
+    record.status, record.error, record.wall_s = status, error, wall_s
     return record
+
+
+def died_record(spec: TrialSpec, returncode: int, tail: bytes, wall_s: float) -> Record:
+    """A child that exited without writing its record: `oom` if it was SIGKILLed (the kernel's out-of-memory
+    killer's signal) or its log says it ran out of memory, else `error`; the cause from its log either way."""
+    last = _last_lines(tail)
+    if returncode in (-signal.SIGKILL, 128 + signal.SIGKILL):
+        return failed_record(spec, "oom", f"trial process was killed (out of memory?): {last}", wall_s)
+    if says_out_of_memory(tail.decode(errors="replace")):
+        return failed_record(spec, "oom", f"trial process ran out of memory (exit code {returncode}): {last}", wall_s)
+    return failed_record(spec, "error", f"trial process exited with code {returncode}: {last}", wall_s)
 
 
 # What a dying process says about why: a Python exception, a C++ abort's `what():`, a fatal signal.
@@ -177,14 +187,10 @@ class LocalExecutor:
                     echo.join(timeout=5)
             wall_s = time.time() - launched_at
             if returncode is None:
-                record = failed_record(spec, "timeout", f"trial exceeded its {spec.timeout_s:g} s timeout")
-            elif record_path.is_file():
-                record = Record.from_dict(json.loads(record_path.read_text()))
-            else:
-                record = self._died(spec, returncode, _read_tail(log_path))
-            if record.wall_s is None or returncode is None:
-                record.wall_s = wall_s
-            return record
+                return failed_record(spec, "timeout", f"trial exceeded its {spec.timeout_s:g} s timeout", wall_s)
+            if record_path.is_file():
+                return Record.from_dict(json.loads(record_path.read_text()))  # the trial timed itself
+            return died_record(spec, returncode, _read_tail(log_path), wall_s)
 
     def _launch(self, spec: TrialSpec, spec_path: Path, record_path: Path, log_path: Path, launched_at: float,
                 env: dict[str, str]) -> _Child | None:
@@ -226,16 +232,6 @@ class LocalExecutor:
             return subprocess.Popen(
                 launch_command(spec, spec_path, record_path),
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, env=env)
-
-    def _died(self, spec: TrialSpec, returncode: int, tail: bytes) -> Record:
-        """A child that exited without writing its record: out of memory if the signs say so, else an error."""
-        last = _last_lines(tail)
-        text = tail.decode(errors="replace")
-        if returncode in (-signal.SIGKILL, 137):
-            return failed_record(spec, "oom", f"trial process was killed (out of memory?): {last}")
-        if any(marker in text for marker in OOM_MARKERS):
-            return failed_record(spec, "oom", f"trial process ran out of memory (exit code {returncode}): {last}")
-        return failed_record(spec, "error", f"trial process exited with code {returncode}: {last}")
 
     def stop(self) -> None:
         """Kill every running child and launch no more (an interrupted sweep)."""

@@ -30,6 +30,7 @@ from optbench.job.spec import TrialSpec
 from optbench.optimizers import OptimizerSpec, resolve
 from optbench.probes import measure
 from optbench.records.environment import cpu_name, environment
+from optbench.records.oom import raised_out_of_memory
 from optbench.records.record import Record, job_key, split_peak_memory
 from optbench.trial.engines import Diverged, Setup, engine_for, evaluate
 from optbench.trial.precision import dtype_name, parse_precision
@@ -184,12 +185,6 @@ def check_divergence(record: Record, chance_loss: float) -> None:
                        f"the first ({losses[0]:.3g})")
 
 
-def _is_oom(exc: BaseException) -> bool:
-    if isinstance(exc, torch.OutOfMemoryError | MemoryError):
-        return True
-    return "can't allocate memory" in str(exc) or "out of memory" in str(exc).lower()
-
-
 def run_trial(spec: TrialSpec) -> Record:
     """Run one trial to a record in this process; failures become a status, never an exception."""
     record = record_from_spec(spec)
@@ -203,7 +198,7 @@ def run_trial(spec: TrialSpec) -> Record:
     except Diverged as exc:
         record.status, record.error = "diverged", str(exc)
     except Exception as exc:  # noqa: BLE001 - every failure is recorded, the sweep goes on
-        record.status = "oom" if _is_oom(exc) else "error"
+        record.status = "oom" if raised_out_of_memory(exc) else "error"
         record.error = f"{type(exc).__name__}: {exc}"
     record.wall_s = time.perf_counter() - start
     return record

@@ -1,0 +1,22 @@
+"""Out of memory, recognised in one place: in an exception a trial raised (trial/run.py) and in the log of a trial
+process that died without writing its record (sweep/executors.py). Either way the trial is recorded `oom`, a
+result, not `error`."""
+
+from __future__ import annotations
+
+# What running out of memory says, lower-cased: torch's OutOfMemoryError ("CUDA out of memory. Tried to allocate
+# ..."), Python's MemoryError, C++'s std::bad_alloc (an allocation refused under the RLIMIT_AS memory cap, often
+# as "what(): std::bad_alloc" before an abort), and the C library's words for a refused mmap or brk.
+OOM_MARKERS = ("outofmemoryerror", "out of memory", "memoryerror", "std::bad_alloc", "cannot allocate memory",
+               "can't allocate memory")
+
+
+def says_out_of_memory(text: str) -> bool:
+    """Whether an error message or a log tail says the process ran out of memory."""
+    lowered = text.lower()
+    return any(marker in lowered for marker in OOM_MARKERS)
+
+
+def raised_out_of_memory(exc: BaseException) -> bool:
+    """Whether an exception is an out-of-memory failure: a MemoryError, or one whose type or message says so."""
+    return isinstance(exc, MemoryError) or says_out_of_memory(f"{type(exc).__name__}: {exc}")
