@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -152,3 +154,37 @@ def test_length_sorted_evaluation_scores_what_full_width_batches_score():
     assert torch.equal(labels, split["labels"][order])
     expected = classification_metrics(full.argmax(-1), split["labels"], 3)
     assert workloads.get_workload("tiny").evaluate(model, split, torch.device("cpu")) == expected
+
+
+class _Perfect(torch.nn.Module):
+    """A 2-class model that is always right: the label sits in the first token (what evaluation feeds it)."""
+
+    def forward(self, input_ids, attention_mask=None):
+        return type("Out", (), {"logits": torch.nn.functional.one_hot(input_ids[:, 0], 2).float()})()
+
+
+def test_the_registrys_classification_keeps_no_state_of_one_trials_build():
+    """The registry holds one object per workload, shared by every trial of a process: building the 3-class tiny
+    job must not change how a 2-class model is scored afterwards (macro-F1 over its own head's 2 classes)."""
+    classification = workloads.get_workload("tiny")
+    classification.build(TrialSpec(optimizer="adamw", **TINY))  # the embedded task: 3 classes
+    labels = torch.tensor([0, 1, 1, 0])
+    split = {"input_ids": torch.stack([labels, labels], 1), "attention_mask": torch.ones(4, 2, dtype=torch.long),
+             "labels": labels}
+    assert classification.evaluate(_Perfect(), split, torch.device("cpu")) == {"accuracy": 1.0, "f1": 1.0}
+
+
+def test_a_workloads_names_and_metadata_need_no_torch():
+    """What a record of a trial that never ran holds (model, dataset, target metric, lr scale) comes from the
+    workload without importing torch or datasets: the sweep writes such records (skipped, timeout) itself."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from optbench.workloads import get_workload; from optbench.job.spec import TrialSpec; "
+            "w = get_workload('lm'); s = TrialSpec(optimizer='adamw', workload='lm'); "
+            "print(w.model_name(s), w.dataset_name(s), w.lr_scale(s), w.target_metric, "
+            "[m for m in ('torch', 'datasets', 'transformers') if m in sys.modules])")
+    root = str(Path(__file__).resolve().parents[1])
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": root}).stdout
+    assert out.split() == ["llama-h256-l4", "embedded-reviews", "(text)", "20.0", "perplexity", "[]"]

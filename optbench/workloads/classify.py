@@ -12,8 +12,6 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-import torch
-
 from optbench.workloads import data
 from optbench.workloads.base import (
     Built,
@@ -32,6 +30,8 @@ from optbench.workloads.base import (
 )
 
 if TYPE_CHECKING:
+    import torch
+
     from optbench.job.spec import TrialSpec
 
 TINY_HIDDEN_SIZE = 64
@@ -64,6 +64,8 @@ def _labelled_splits(spec: TrialSpec):
 
 
 def _tokenize(tokenizer, split, seq_len: int) -> Split:
+    import torch
+
     encoded = tokenizer([str(t) for t in split["text"]], padding="max_length", truncation=True,
                         max_length=seq_len, return_tensors="pt")
     return {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"],
@@ -116,26 +118,25 @@ class Classification(Workload):
 
     def build(self, spec: TrialSpec) -> Built:
         """Model (its head seeded by the trial's seed) and the tokenized splits for the spec's stage."""
+        import torch
         from transformers import AutoModelForSequenceClassification, BertForSequenceClassification
 
         quiet_transformers()
         source = self.model_source(spec)
         train, held_out, dataset_name = _labelled_splits(spec)
-        self.num_labels = train.features["label"].num_classes
+        num_labels = train.features["label"].num_classes
         held_out = held_out.select(range(min(spec.eval_size, len(held_out))))
         tokenizer = load_tokenizer(source)
         torch.manual_seed(spec.seed)  # the classification head (and a tiny model) start from the trial's seed
         if source is None:
-            config = tiny_bert_config(tiny_width(spec), self.num_labels, tokenizer.vocab_size)
-            model = BertForSequenceClassification(config)
+            model = BertForSequenceClassification(tiny_bert_config(tiny_width(spec), num_labels, tokenizer.vocab_size))
         else:
             check_model(source)
-            model = AutoModelForSequenceClassification.from_pretrained(source, num_labels=self.num_labels)
+            model = AutoModelForSequenceClassification.from_pretrained(source, num_labels=num_labels)
         splits = split_for_stage(spec, _tokenize(tokenizer, train, spec.seq_len),
                                  _tokenize(tokenizer, held_out, spec.seq_len))
         return Built(model=model, model_name=self.model_name(spec), dataset_name=dataset_name, train=splits[0],
-                     val=splits[1], eval=splits[2], chance_loss=math.log(self.num_labels),
-                     pretrained=source is not None)
+                     val=splits[1], eval=splits[2], chance_loss=math.log(num_labels), pretrained=source is not None)
 
     def meta_model(self, spec: TrialSpec, local_files_only: bool = False) -> torch.nn.Module:
         """With the embedded task's label count: a user dataset's only sizes the head (hidden x labels), and
@@ -153,9 +154,15 @@ class Classification(Workload):
         return on_meta_device(lambda: AutoModelForSequenceClassification.from_config(config), source)
 
     def evaluate(self, model: torch.nn.Module, split: Split, device: torch.device) -> dict[str, float]:
-        predictions, truth = [], []
+        """Accuracy and macro-F1 over the classes the model's head scores (its logits' width): the one registry
+        object serves every trial, so nothing of one trial's build is kept on it."""
+        import torch
+
+        predictions, truth, num_labels = [], [], 0
         with torch.no_grad():
             for batch in length_sorted_batches(split, device):
                 truth.append(batch.pop("labels").cpu())
-                predictions.append(model(**batch).logits.argmax(-1).cpu())
-        return classification_metrics(torch.cat(predictions), torch.cat(truth), self.num_labels)
+                logits = model(**batch).logits
+                num_labels = logits.shape[-1]
+                predictions.append(logits.argmax(-1).cpu())
+        return classification_metrics(torch.cat(predictions), torch.cat(truth), num_labels)

@@ -14,8 +14,10 @@ from __future__ import annotations
 import functools
 import random
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import datasets
+if TYPE_CHECKING:
+    import datasets
 
 LABELS = ("negative", "neutral", "positive")
 LABEL_NOISE = 0.05
@@ -85,6 +87,8 @@ def _example(rng: random.Random) -> tuple[str, int]:
 
 def generate_reviews(size: int, seed: int) -> datasets.Dataset:
     """`size` labelled reviews; the same (size, seed) always gives the same dataset."""
+    import datasets  # here, not at import: the registry's names and metadata need no dataset library
+
     rng = random.Random(seed)
     texts, labels = [], []
     for _ in range(size):
@@ -115,6 +119,8 @@ OFFLINE_HINT = "the offline default is the embedded dataset (omit --dataset)"
 
 def _load(source: str) -> datasets.DatasetDict:
     """A local csv/json/parquet file, or an HF dataset `name[:config]` (from the hub or its local cache)."""
+    import datasets
+
     path = Path(source)
     if path.suffix.lower() in _FILE_BUILDERS:
         if not path.is_file():
@@ -134,6 +140,8 @@ def _load(source: str) -> datasets.DatasetDict:
 def _encode_labels(train: datasets.Dataset, held_out: datasets.Dataset | None, column: str
                    ) -> tuple[datasets.Dataset, datasets.Dataset | None]:
     """String (or any non-class) labels as class ids, one mapping for both splits."""
+    import datasets
+
     combined = train if held_out is None else datasets.concatenate_datasets([train, held_out])
     names = sorted({str(v) for v in combined[column]})
     to_id = {n: i for i, n in enumerate(names)}
@@ -154,6 +162,8 @@ def load_user_dataset(source: str, text_column: str, label_column: str | None
     Uses the dataset's validation (or test) split when it has one, else holds out 10 % of train.
     String labels are encoded to class ids; `label_column=None` reads text only (language modelling).
     """
+    import datasets
+
     # Our own one-line error says what failed; datasets' log lines and progress bars would only repeat it.
     datasets.logging.set_verbosity(datasets.logging.CRITICAL)
     datasets.disable_progress_bars()

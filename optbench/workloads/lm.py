@@ -15,8 +15,6 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-import torch
-
 from optbench.workloads import data
 from optbench.workloads.base import (
     Built,
@@ -33,6 +31,8 @@ from optbench.workloads.base import (
 )
 
 if TYPE_CHECKING:
+    import torch
+
     from optbench.job.spec import TrialSpec
 
 # ~19 M parameters: big enough that state bytes dominate the step like they do in real LMs, small enough
@@ -54,6 +54,8 @@ def llama_config(vocab_size: int, seq_len: int):
 
 def pack(tokenizer, texts: list[str], seq_len: int) -> Split:
     """Tokenize, join with the separator (or end-of-text) token and cut into full blocks of seq_len."""
+    import torch
+
     separator = tokenizer.sep_token_id if tokenizer.sep_token_id is not None else tokenizer.eos_token_id
     stream: list[int] = []
     for ids in tokenizer([str(t) for t in texts], add_special_tokens=False)["input_ids"]:
@@ -97,6 +99,7 @@ class CausalLM(Workload):
             check_model(spec.model)
 
     def build(self, spec: TrialSpec) -> Built:
+        import torch
         from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
         quiet_transformers()
@@ -125,6 +128,8 @@ class CausalLM(Workload):
 
     def evaluate(self, model: torch.nn.Module, split: Split, device: torch.device) -> dict[str, float]:
         """Token-weighted mean cross-entropy over the split's next-token predictions."""
+        import torch
+
         total_loss, total_tokens, correct = 0.0, 0, 0
         with torch.no_grad():
             for batch in eval_batches(split, device):
