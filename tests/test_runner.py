@@ -6,8 +6,10 @@ import multiprocessing.context
 import os
 import subprocess
 import sys
+import textwrap
 import time
 from collections.abc import MutableMapping
+from pathlib import Path
 
 import pytest
 from _tiny import TINY
@@ -200,3 +202,33 @@ def test_jobs_2_children_get_the_users_environment_and_their_own_gpu_and_the_swe
     for env in CapturedProcess.launched:
         slot = {"CUDA_VISIBLE_DEVICES": env["CUDA_VISIBLE_DEVICES"], devices.GPU_PINNED_ENV: "1"}
         assert env == {**user, "TOKENIZERS_PARALLELISM": "false", "OPTBENCH_SWEEP_PID": str(os.getpid()), **slot}
+
+
+def test_a_trial_that_cannot_run_is_recorded_skipped_by_the_sweep_with_its_run_id_and_without_torch(tmp_path):
+    """A record of a trial that never ran (skipped here, timed out) holds its settings only: the sweep writes it
+    without importing the training stack, and with the sweep's run id like every other record."""
+    code = textwrap.dedent(f"""
+        import sys
+        from pathlib import Path
+        from optbench.job.spec import TrialSpec
+        from optbench.sweep import failed_record, run_sweep
+        spec = TrialSpec(optimizer="adamw8bit", workload="tiny", device="cpu")
+        run_sweep([], Path({str(tmp_path / "r.jsonl")!r}), run_id="r1", skipped=[(spec, "needs bitsandbytes")])
+        failed_record(TrialSpec(optimizer="adamw", workload="tiny", device="cpu"), "timeout", "too slow", 3.0)
+        print(*[name for name in ("torch", "datasets", "transformers") if name in sys.modules])
+    """)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert done.stdout.strip() == ""  # none of them imported
+    [record] = read_records(tmp_path / "r.jsonl")
+    assert (record.status, record.run_id, record.error) == ("skipped", "r1", "unavailable here: needs bitsandbytes")
+    assert record.model == "tiny-bert-h64" and record.device == "cpu" and record.job_key["model"] == "tiny-bert-h64"
+
+
+def test_skipped_records_come_first_and_share_the_sweeps_run_id(tmp_path):
+    specs = build_grid(["adamw"], [0, 1], **TINY)
+    skipped = [(TrialSpec(optimizer="adamw8bit", **TINY), "needs bitsandbytes")]
+    records = run_sweep(specs, tmp_path / "r.jsonl", run_id="r2", skipped=skipped, progress=None,
+                        run_trial=lambda s: Record(trial_id=s.trial_id, optimizer=s.optimizer, status="ok"))
+    assert [r.status for r in records] == ["skipped", "ok", "ok"]
+    assert [r.run_id for r in read_records(tmp_path / "r.jsonl")] == ["r2"] * 3

@@ -64,7 +64,8 @@ def test_study_tunes_at_the_finals_job_and_then_adds_only_the_other_seeds(tmp_pa
         (name, seed, lr) for name, lr in BEST_LR.items() for seed in (1, 2))
     assert {(s.steps, s.eval_every, s.schedule) for s in result.tune + result.final} == {(6, 2, "linear")}
     assert [r.status for r in tune].count("diverged") == 1
-    assert lines[0].startswith("[1/12] ") and "ETA" in lines[-1] and lines[-1].startswith("[12/12] ")
+    assert lines[0].startswith("[1/12] ") and "; ETA " in lines[0] and lines[-1].startswith("[12/12] ")
+    assert lines[-1].endswith("; done")
     adafactor = next(c for c in result.choices if c.optimizer == "adafactor")
     assert [p.status for p in adafactor.points][-1] == "diverged"
 

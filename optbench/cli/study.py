@@ -14,7 +14,7 @@ from optbench.cli.sweeping import check_inputs, executor, exit_status, finish, j
 def study_command(args: argparse.Namespace) -> int:
     from optbench.job import planner
     from optbench.job.spec import TrialSpec
-    from optbench.sweep.runner import record_skipped
+    from optbench.sweep import run_sweep
     from optbench.workflows.study import run_study
 
     out = args.out or Path("results") / f"study-{args.preset}.jsonl"
@@ -23,8 +23,7 @@ def study_command(args: argparse.Namespace) -> int:
         raise UsageError(f"--out {out} is not a file")
     specs = [TrialSpec(optimizer=name, **plan.settings) for name in plan.names] or [s for s, _ in plan.unavailable]
     check_inputs(specs[0])
-    for spec, reason in plan.unavailable:
-        record_skipped(spec, reason, out, show)
+    run_sweep([], out, on_record=show, progress=None, skipped=plan.unavailable)
     if not plan.names:
         raise UsageError("none of --optimizers can run here (see the skipped records)")
     grids = {name: plan.lr_grid for name in plan.names} if plan.lr_grid else None

@@ -26,7 +26,6 @@ def sweep(args: argparse.Namespace, plan, out: Path) -> list[Record]:
     """Check the inputs and the results file, record what cannot run here, run the rest; returns the new records."""
     from optbench.records.record import check_writable
     from optbench.sweep import run_sweep
-    from optbench.sweep.runner import record_skipped
 
     specs = plan.specs or [spec for spec, _ in plan.unavailable]
     check_inputs(specs[0])
@@ -36,9 +35,8 @@ def sweep(args: argparse.Namespace, plan, out: Path) -> list[Record]:
         raise UsageError(f"cannot write results to {out}: {exc.strerror or exc} (pass a writable file with --out)") \
             from None
     chosen = executor(args, plan.specs, out)
-    skipped = [record_skipped(spec, reason, out, show) for spec, reason in plan.unavailable]
-    print(f"optbench: {len(plan.specs) + len(skipped)} trials -> {out}", file=sys.stderr)
-    return skipped + run_sweep(plan.specs, out, on_record=show, jobs=args.jobs, executor=chosen)
+    print(f"optbench: {len(plan.specs) + len(plan.unavailable)} trials -> {out}", file=sys.stderr)
+    return run_sweep(plan.specs, out, on_record=show, jobs=args.jobs, executor=chosen, skipped=plan.unavailable)
 
 
 def executor(args: argparse.Namespace, specs: list, out: Path):

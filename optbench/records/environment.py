@@ -91,20 +91,25 @@ def gpu_name(device: Any = None) -> str | None:
 
 
 def environment(device: Any = None, packages: Iterable[str] = ("torch", "transformers", "datasets", "bitsandbytes",
-                                                               "torchao", "optbench")) -> dict[str, Any]:
-    """Library versions, hardware and git commit; `gpu` names the GPU `device` is on (the current one if None)."""
-    import torch
-
+                                                               "torchao", "optbench"), runtime: bool = True
+                ) -> dict[str, Any]:
+    """Library versions, hardware and git commit; `gpu` names the GPU `device` is on (the current one if None).
+    `runtime=False`: the stamp of a trial that never ran in this process (skipped, timed out, crashed), without
+    importing torch: its CUDA build, CPU kernel set, threads and GPU are None, since none was used."""
     env: dict[str, Any] = {"python": sys.version.split()[0], "platform": platform.platform()}
     env.update({name: _version(name) for name in packages})
-    env["cuda"] = torch.version.cuda
+    env.update(dict.fromkeys(("cuda", "cpu_capability", "torch_threads", "gpu")))
     env["cpu"] = cpu_name()
     env["cpu_model"] = cpu_model()
-    env["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
     env["cpu_count"] = os.cpu_count()
     env["load_avg_1m"] = load_average_1m()
-    env["torch_threads"] = torch.get_num_threads()
-    on_cpu = device is not None and getattr(device, "type", str(device)) == "cpu"
-    env["gpu"] = None if on_cpu else gpu_name(device)
     env["git_commit"] = git_commit()
+    if runtime:
+        import torch
+
+        env["cuda"] = torch.version.cuda
+        env["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+        env["torch_threads"] = torch.get_num_threads()
+        on_cpu = device is not None and getattr(device, "type", str(device)) == "cpu"
+        env["gpu"] = None if on_cpu else gpu_name(device)
     return env

@@ -32,6 +32,7 @@ from optbench.records.oom import says_out_of_memory
 from optbench.records.record import Record
 from optbench.sweep.child import PRELOAD, SWEEP_PID_ENV
 from optbench.sweep.devices import node_environment, preload_modules, slurm_parameters
+from optbench.trial.settings import settings_record
 
 STDERR_TAIL_BYTES = 32768  # torchrun's own summary alone is ~1 KB: the rank's error sits above it
 ECHO_POLL_S = 0.2
@@ -59,9 +60,10 @@ class FunctionExecutor:
 
 
 def failed_record(spec: TrialSpec, status: str, error: str, wall_s: float | None = None) -> Record:
-    from optbench.trial.run import record_from_spec  # imports torch: only needed when a child failed
-
-    record = record_from_spec(spec)
+    """The record of a trial that wrote none (skipped, stopped, timed out, crashed): its settings (no torch needed,
+    trial/settings.py), the status and why, and how long it ran (`wall_s`) where it ran at all."""
+    started_at = None if wall_s is None else time.time() - wall_s
+    record = settings_record(spec, started_at)
     record.status, record.error, record.wall_s = status, error, wall_s
     return record
 

@@ -14,7 +14,7 @@ import queue
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import TextIO
@@ -23,7 +23,8 @@ from optbench.job.devices import cuda_device_count, device_kind
 from optbench.job.spec import TrialSpec
 from optbench.records.record import Record, append_record, completed_trial_ids
 from optbench.sweep.devices import gpu_slots, trial_environment, visible_gpus
-from optbench.sweep.executors import Executor, FunctionExecutor, LocalExecutor
+from optbench.sweep.executors import Executor, FunctionExecutor, LocalExecutor, failed_record
+from optbench.sweep.progress import ALREADY_OK, Progress
 
 
 class SweepInterrupted(KeyboardInterrupt):
@@ -54,44 +55,33 @@ def slot_count(specs: list[TrialSpec], jobs: int, visible: list[str]) -> int:
     return gpu_slots(visible, jobs, max(s.nproc for s in specs))
 
 
-class _Progress:
-    """One plain line per finished trial, `[i/N] ... ETA`: readable in a log file, no carriage returns."""
-
-    def __init__(self, total: int, stream: TextIO | None):
-        self.total, self.stream, self.done, self.started = total, stream, 0, time.perf_counter()
-
-    def finished(self, record: Record) -> None:
-        self.done += 1
-        if self.stream is None:
-            return
-        elapsed = time.perf_counter() - self.started
-        left = self.total - self.done
-        eta = f"ETA {_duration(elapsed / self.done * left)}" if left else "done"
-        print(f"optbench: [{self.done}/{self.total}] {record.optimizer} seed={record.seed} {record.status} "
-              f"in {_duration(record.wall_s or 0.0)}; {eta}", file=self.stream, flush=True)
-
-
-def _duration(seconds: float) -> str:
-    minutes, secs = divmod(round(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
-
-
 def run_sweep(specs: list[TrialSpec], out_path: Path, run_id: str | None = None,
               run_trial: Callable[[TrialSpec], Record] | None = None,
               on_record: Callable[[Record], None] | None = None, *, jobs: int = 1,
-              executor: Executor | None = None, progress: TextIO | None = sys.stderr) -> list[Record]:
+              executor: Executor | None = None, progress: TextIO | None = sys.stderr,
+              skipped: Sequence[tuple[TrialSpec, str]] = ()) -> list[Record]:
     """Run every spec not already `ok` in `out_path`, appending each record as soon as it exists.
 
     `run_trial` (a plain function) or `executor` says how a trial runs; by default each runs in a
-    fresh local process forked from a preloaded forkserver. Up to `jobs` run at once. Ctrl-C stops
-    the running children and raises SweepInterrupted; a failed append raises ResultsWriteError.
+    fresh local process forked from a preloaded forkserver. Up to `jobs` run at once. `skipped`: the
+    (spec, reason) pairs that cannot run here, recorded `skipped` first. Every record gets this sweep's
+    run id. Ctrl-C stops the running children and raises SweepInterrupted; a failed append raises
+    ResultsWriteError.
     """
     pending = _pending(specs, out_path, on_record)
-    if not pending:
-        return []
-    if executor is None:
-        executor = FunctionExecutor(run_trial) if run_trial is not None else LocalExecutor()
+    printer = None if progress is None else Progress(len(pending) + len(skipped), _printer(progress))
+    store = _Store(out_path, run_id or new_run_id(), printer, on_record)
+    for spec, reason in skipped:
+        store.add(failed_record(spec, "skipped", f"unavailable here: {reason}"))
+    if pending:
+        if executor is None:
+            executor = FunctionExecutor(run_trial) if run_trial is not None else LocalExecutor()
+        _run_in_slots(pending, executor, store, jobs)
+    return store.records
+
+
+def _run_in_slots(pending: list[TrialSpec], executor: Executor, store: _Store, jobs: int) -> None:
+    """Up to `jobs` trials at once, each slot with its GPU(s) or thread share; every record stored as it lands."""
     # The GPUs the user's mask allows, read once before any trial starts (nothing changes os.environ meanwhile).
     visible = visible_gpus(os.environ, cuda_device_count() if any(s.device != "cpu" for s in pending) else 0)
     slots = slot_count(pending, jobs, visible)
@@ -107,7 +97,6 @@ def run_sweep(specs: list[TrialSpec], out_path: Path, run_id: str | None = None,
         finally:
             free.put(slot)
 
-    store = _Store(out_path, run_id or new_run_id(), _Progress(len(pending), progress), on_record)
     pool = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="trial")
     try:
         running: set[Future[Record]] = {pool.submit(in_slot, spec) for spec in pending}
@@ -123,7 +112,10 @@ def run_sweep(specs: list[TrialSpec], out_path: Path, run_id: str | None = None,
             raise SweepInterrupted(len(store.records)) from None
         raise
     pool.shutdown()
-    return store.records
+
+
+def _printer(stream: TextIO) -> Callable[[str], None]:
+    return lambda line: print(f"optbench: {line}", file=stream, flush=True)
 
 
 def _pending(specs: list[TrialSpec], out_path: Path, on_record: Callable[[Record], None] | None) -> list[TrialSpec]:
@@ -138,7 +130,7 @@ def _pending(specs: list[TrialSpec], out_path: Path, on_record: Callable[[Record
 class _Store:
     """Appends each finished trial's record (one line, locked, fsynced), then reports it."""
 
-    def __init__(self, out_path: Path, run_id: str, tracker: _Progress,
+    def __init__(self, out_path: Path, run_id: str, tracker: Progress | None,
                  on_record: Callable[[Record], None] | None) -> None:
         self.out_path, self.run_id, self.tracker, self.on_record = out_path, run_id, tracker, on_record
         self.records: list[Record] = []
@@ -151,7 +143,8 @@ class _Store:
             raise ResultsWriteError(exc.errno, f"cannot append to {self.out_path}: {exc.strerror or exc}; "
                                                f"{len(self.records)} trials recorded") from exc
         self.records.append(record)
-        self.tracker.finished(record)
+        if self.tracker is not None:
+            self.tracker(record)
         if self.on_record is not None:
             self.on_record(record)
 
@@ -159,16 +152,4 @@ class _Store:
 def _skipped_note(spec: TrialSpec) -> Record:
     """A record for display only (never stored): this trial is already recorded ok."""
     return Record(trial_id=spec.trial_id, status="skipped", optimizer=spec.optimizer, seed=spec.seed,
-                  workload=spec.workload, error="already recorded ok in this results file")
-
-
-def record_skipped(spec: TrialSpec, reason: str, out_path: Path,
-                   on_record: Callable[[Record], None] | None = None) -> Record:
-    """Record a trial that cannot run here (its library is missing, it needs CUDA) as `skipped`, with why."""
-    from optbench.sweep.executors import failed_record
-
-    record = failed_record(spec, "skipped", f"unavailable here: {reason}")
-    append_record(out_path, record)
-    if on_record is not None:
-        on_record(record)
-    return record
+                  workload=spec.workload, stage=spec.stage, lr=spec.lr or 0.0, error=ALREADY_OK)

@@ -19,22 +19,22 @@ import copy
 import os
 import random
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from optbench.job.devices import GPU_PINNED_ENV, device_kind, resolve_device
+from optbench.job.devices import GPU_PINNED_ENV, resolve_device
 from optbench.job.spec import TrialSpec
 from optbench.optimizers import OptimizerSpec, resolve
 from optbench.probes import measure
 from optbench.records.environment import cpu_name, environment
 from optbench.records.oom import raised_out_of_memory
-from optbench.records.record import Record, job_key, split_peak_memory
+from optbench.records.record import Record, split_peak_memory
 from optbench.trial.engines import Diverged, Setup, engine_for, evaluate
 from optbench.trial.precision import dtype_name, parse_precision
 from optbench.trial.schedules import make_scheduler
+from optbench.trial.settings import settings_record
 
 DIVERGENCE_FACTOR = 3.0  # final loss this many times the first loss (or the chance loss) → diverged
 BANDWIDTH_SAMPLES = 5  # triad passes before and again after training: the roofline's ceiling and its spread
@@ -44,39 +44,6 @@ def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     return cpu_name()
-
-
-def record_from_spec(spec: TrialSpec) -> Record:
-    """A record holding the trial's settings, before anything is measured (a failed trial keeps these)."""
-    from optbench.workloads import WorkloadError, default_lr, get_workload
-
-    try:
-        entry = resolve(spec.optimizer)
-        name, precision, lr = entry.name, entry.precision, spec.lr or default_lr(spec, entry)
-    except (ValueError, WorkloadError):
-        name, precision, lr = spec.optimizer, "", spec.lr or 0.0
-    record = Record(
-        trial_id=spec.trial_id, optimizer=name, optimizer_kwargs=dict(spec.optimizer_kwargs),
-        state_precision=precision, workload=spec.workload, workload_options=dict(spec.workload_options),
-        model=spec.model or spec.workload, dataset=spec.dataset or "embedded-reviews", seed=spec.seed,
-        device=spec.device, steps=spec.steps, warmup_steps=spec.warmup_steps, batch_size=spec.batch_size,
-        seq_len=spec.seq_len, eval_size=spec.eval_size, lr=lr, schedule=spec.schedule, fidelity=spec.fidelity,
-        started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), stage=spec.stage, engine=spec.engine,
-        parallel=spec.parallel, world_size=spec.nproc, precision=spec.precision, resume_check=spec.resume_check,
-    )
-    try:
-        workload = get_workload(spec.workload)
-        record.target_metric, record.target_mode = workload.target_metric, workload.target_mode
-        record.model, record.dataset = workload.model_name(spec), workload.dataset_name(spec)
-        record.pretrained = workload.is_pretrained(spec)
-    except WorkloadError:
-        pass
-    # Where it would have run and on what: a failed trial's record still lands in its job (compare, report).
-    if spec.device == "auto":
-        record.device = device_kind(spec.device)
-    record.job_key = job_key(record)
-    record.env = environment(None if record.device.startswith("cuda") else torch.device("cpu"))
-    return record
 
 
 def setup(spec: TrialSpec, record: Record) -> Setup:
@@ -187,7 +154,7 @@ def check_divergence(record: Record, chance_loss: float) -> None:
 
 def run_trial(spec: TrialSpec) -> Record:
     """Run one trial to a record in this process; failures become a status, never an exception."""
-    record = record_from_spec(spec)
+    record = settings_record(spec)
     start = time.perf_counter()
     try:
         if spec.parallel != "none" and not torch.distributed.is_initialized():

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 import sys
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ from optbench.job.spec import StudyBudget, TrialSpec
 from optbench.records.record import Record, read_records
 from optbench.report import stats
 from optbench.sweep import Executor, run_sweep
+from optbench.sweep.progress import Progress
 
 
 def lr_grid(name: str, points: int) -> list[float]:
@@ -102,29 +102,6 @@ def next_on_walk(grid: Sequence[float], choice: stats.LrChoice, start: float) ->
 def print_line(line: str) -> None:
     """Flushed at once, so progress shows in a log file or CI output while the study runs."""
     print(line, flush=True)
-
-
-class Progress:
-    """One line per trial: `[i/N] optimizer stage lr seed status … ETA` (ETA from the trials run so far)."""
-
-    def __init__(self, total: int, show: Callable[[str], None] = print_line) -> None:
-        self.total, self.done, self.ran, self.show = total, 0, 0, show
-        self.started = time.perf_counter()
-
-    def __call__(self, record: Record) -> None:
-        self.done += 1
-        resumed = record.status == "skipped" and "already recorded" in (record.error or "")
-        self.ran += not resumed
-        elapsed = time.perf_counter() - self.started
-        left = self.total - self.done
-        eta = f"ETA {elapsed / self.ran * left / 60:.1f} min" if self.ran and left > 0 else "ETA -"
-        if resumed:
-            self.show(f"[{self.done}/{self.total}] {record.optimizer} seed={record.seed} already ok | {eta}")
-            return
-        scores = [f"{split} {metric:.4g}" for split, metric in (("val", record.val_metric), (
-            "eval", (record.eval_metrics or {}).get(record.target_metric))) if isinstance(metric, float)]
-        self.show(f"[{self.done}/{self.total}] {record.optimizer} {record.stage or ''} lr={record.lr:g} "
-                  f"seed={record.seed} {record.status} {' '.join(scores)} | {eta}".replace("  ", " "))
 
 
 @dataclass

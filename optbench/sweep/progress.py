@@ -1,0 +1,48 @@
+"""The one progress printer of every sweep and of the study: one plain line per finished trial (no carriage
+returns, so a log file reads it as a terminal does), `[i/N] optimizer [stage lr=...] seed=S status [scores] in
+12s; ETA 3m05s`, the ETA from the trials that ran (not those found already recorded, nor those that cannot run
+here)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from optbench.records.record import Record
+
+ALREADY_OK = "already recorded ok in this results file"  # the note a resumed sweep shows for a trial it skips
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+def _scores(record: Record) -> str:
+    """The validation and eval values of the workload's target metric, where the trial has them."""
+    values = (("val", record.val_metric), ("eval", (record.eval_metrics or {}).get(record.target_metric)))
+    return "".join(f" {split} {value:.4g}" for split, value in values if isinstance(value, float))
+
+
+class Progress:
+    """Call it with each record as it lands; `show` prints one line (the sweep: to stderr, the study: stdout)."""
+
+    def __init__(self, total: int, show: Callable[[str], None]) -> None:
+        self.total, self.show = total, show
+        self.done = self.ran = 0
+        self.started = time.perf_counter()
+
+    def __call__(self, record: Record) -> None:
+        self.done += 1
+        resumed = record.status == "skipped" and record.error == ALREADY_OK
+        self.ran += record.status != "skipped"
+        left = self.total - self.done
+        elapsed = time.perf_counter() - self.started
+        eta = "done" if left <= 0 else f"ETA {_duration(elapsed / self.ran * left)}" if self.ran else "ETA -"
+        stage = f" {record.stage} lr={record.lr:g}" if record.stage else ""
+        head = f"[{self.done}/{self.total}] {record.optimizer}{stage} seed={record.seed}"
+        if resumed:
+            self.show(f"{head} already ok; {eta}")
+        else:
+            self.show(f"{head} {record.status}{_scores(record)} in {_duration(record.wall_s or 0.0)}; {eta}")
