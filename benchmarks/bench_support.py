@@ -17,7 +17,9 @@ from optbench.job.spec import PRESETS, TrialSpec
 from optbench.optimizers import OptimizerSpec
 from optbench.probes import measure
 from optbench.records.record import Record
-from optbench.trial.run import describe_model, describe_state, device_name, record_from_spec
+from optbench.trial.describe import describe_model, describe_state
+from optbench.trial.run import device_name
+from optbench.trial.settings import settings_record
 from optbench.workloads.base import take, to_device
 
 if TYPE_CHECKING:
@@ -109,13 +111,12 @@ def first_batch(built: Built, batch_size: int, device: torch.device) -> dict[str
 def measured_record(spec: TrialSpec, optimizer_spec: OptimizerSpec, built: Built, model: torch.nn.Module,
                     optimizer: torch.optim.Optimizer, device: torch.device, memory: measure.MemoryWindow) -> Record:
     """The job's Record filled the way a trial fills it: model size, analytic and measured state, peaks."""
-    record = record_from_spec(spec)
+    record = settings_record(spec)
     record.status = "ok"
     record.device, record.device_name = str(device), device_name(device)
     record.model, record.dataset = built.model_name, built.dataset_name
     describe_model(record, model, optimizer_spec)
-    describe_state(record, optimizer, optimizer_spec)
-    record.paged_state_bytes = measure.paged_state_bytes(optimizer)  # outside the CUDA allocator's peak
+    describe_state(record, optimizer, optimizer_spec)  # paged state too: outside the CUDA allocator's peak
     memory.fill(record)
     return record
 

@@ -18,7 +18,8 @@ from bench_support import BenchSize, extra_info, train_step, trial_spec
 
 from optbench.job.spec import TrialSpec
 from optbench.probes import measure
-from optbench.trial.run import record_from_spec, run_trial, setup
+from optbench.trial.run import run_trial, setup
+from optbench.trial.settings import settings_record
 from optbench.workloads import train_batches
 from optbench.workloads.base import to_device
 
@@ -29,7 +30,7 @@ def bare_step_median_s(spec: TrialSpec, device: torch.device) -> float:
     """The same job without the harness: the trial's own setup (model, optimizer, schedule), then a bare
     loop over the same batches, each moved to the device as the harness does; the median step over the
     steps the harness's median covers. Each step ends synchronized, as the harness's step does."""
-    s = setup(spec, record_from_spec(spec))
+    s = setup(spec, settings_record(spec))
     gc.collect()
     times = []
     for cpu_batch in train_batches(s.built.train, spec.batch_size, spec.steps, spec.seed):

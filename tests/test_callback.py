@@ -17,6 +17,7 @@ from optbench.job.spec import TrialSpec
 from optbench.records.record import read_records
 from optbench.trial.callback import OptbenchCallback
 from optbench.trial.engines.trainer import SplitDataset
+from optbench.trial.run import run_trial
 from optbench.workloads import get_workload
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -61,6 +62,24 @@ def test_readme_example_appends_one_record(user_run):
     assert json.loads(path.read_text())["trial_id"] == ""  # a user's run, not one of optbench's trials
 
 
+def test_a_users_trainer_run_is_described_as_a_trial_is(user_run):
+    """The callback and the trial fill a record through the same functions (trial/describe.py): the figures a
+    trial of the trainer engine carries, a user's run carries too, computed the same way."""
+    trainer, path = user_run
+    [record] = read_records(path)
+    trial = run_trial(TrialSpec(optimizer="adamw", engine="trainer", workload="tiny", device="cpu", steps=3,
+                                warmup_steps=1, batch_size=4, seq_len=16, eval_size=16))
+    assert trial.status == "ok", trial.error
+    described = ("factored_numel", "analytic_state_bytes_per_param", "fp32_state_fraction",
+                 "optimizer_step_traffic_bytes", "paged_state_bytes", "optimizer_impl", "state_bytes_per_param",
+                 "peak_memory_bytes", "other_peak_bytes", "first_step_s", "samples_per_s")
+    assert [name for name in described if getattr(trial, name) is None] == []
+    assert [name for name in described if getattr(record, name) is None] == []
+    assert set(record.state_bytes_by_module) == set(trial.state_bytes_by_module)
+    assert sum(record.state_bytes_by_module.values()) == record.state_bytes
+    assert record.factored_numel == trial.factored_numel  # the same tiny BERT, counted the same way
+
+
 def test_records_accumulate_across_runs(user_run):
     trainer, path = user_run
     trainer.train()
@@ -92,6 +111,6 @@ def test_fp16_unscale_happens_before_the_optimizer_mark_and_a_skipped_step_is_ke
         callback.on_optimizer_step(args, state, None, optimizer=wrapped)
         inner.zero_grad(set_to_none=True)
         callback.on_step_end(args, state, None)
-    assert callback.record.skipped_steps == [0]
-    assert callback.samples.first_stepped == 1 and callback.record.first_step_s > 0
-    assert len(callback.step_times) == len(callback.optimizer_times) == 2  # steps 2 and 3
+    assert callback.samples.skipped_steps == [0]
+    assert callback.samples.first_stepped == 1 and callback.samples.first_step_s > 0
+    assert len(callback.samples.step_times) == len(callback.samples.optimizer_times) == 2  # steps 2 and 3

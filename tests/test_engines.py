@@ -127,11 +127,11 @@ class TickingClock:
 def ticking(monkeypatch):
     import accelerate.data_loader
 
-    from optbench.trial.engines import native
+    from optbench.trial.engines import loop
 
     clock = TickingClock()
     clock.install(monkeypatch)
-    monkeypatch.setattr(native, "to_device", clock.copying(native.to_device))
+    monkeypatch.setattr(loop, "to_device", clock.copying(loop.to_device))
     monkeypatch.setattr(accelerate.data_loader, "send_to_device", clock.copying(accelerate.data_loader.send_to_device))
     return clock
 

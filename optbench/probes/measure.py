@@ -154,11 +154,17 @@ class MemoryWindow:
         self.device_used_baseline_bytes = device_used_bytes(device)
         self.device_used_peak_bytes = self.device_used_baseline_bytes
         self._paused_used_bytes = 0  # used memory the pauses left behind (torch caches an evaluation's blocks)
+        self.held_after_step_bytes: int | None = None  # RSS growth right after the last optimizer step
 
     def rss_growth_bytes(self) -> int | None:
         """RSS now over the window's baseline (None where /proc is absent)."""
         now = current_rss_bytes()
         return None if now is None or self.rss_baseline_bytes is None else now - self.rss_baseline_bytes
+
+    def hold_after_last_step(self) -> None:
+        """Note what training holds between steps (grads + state + what the allocator keeps, without the transient
+        peak inside step()): the RSS growth now, right after the last optimizer step, before zero_grad."""
+        self.held_after_step_bytes = self.rss_growth_bytes()
 
     def sample_device_used(self) -> int | None:
         """Read the device's used memory now and return it (None off CUDA); call it between steps, never inside a
@@ -195,7 +201,8 @@ class MemoryWindow:
 
     def fill(self, record: Any) -> None:
         """Set the record's peak fields (peak_cuda_*, peak_rss_bytes, peak_rss_growth_bytes,
-        peak_device_used_growth_bytes)."""
+        peak_device_used_growth_bytes) and what training held after its last step (rss_growth_after_step_bytes)."""
+        record.rss_growth_after_step_bytes = self.held_after_step_bytes
         record.peak_rss_bytes, record.peak_cuda_allocated_bytes, record.peak_cuda_reserved_bytes = self._peaks()
         if record.peak_rss_bytes is not None and self.rss_baseline_bytes is not None:
             record.peak_rss_growth_bytes = record.peak_rss_bytes - self.rss_baseline_bytes
@@ -246,17 +253,12 @@ def median_iqr(values: list[float]) -> tuple[float | None, float | None]:
 
 
 def describe_speed(record: Any, step_times: list[float], optimizer_times: list[float]) -> None:
-    """Fill a Record's speed figures: medians, IQRs and the raw samples (after warm-up), throughput and the
-    roofline share (the step's analytic traffic over its median time, against the device's triad bandwidth)."""
+    """Fill a Record's speed figures: medians, IQRs and the raw samples (after warm-up), and throughput."""
     record.step_time_samples_s, record.optimizer_step_samples_s = step_times, optimizer_times
     record.step_time_median_s, record.step_time_iqr_s = median_iqr(step_times)
     record.optimizer_step_median_s, record.optimizer_step_iqr_s = median_iqr(optimizer_times)
     if record.step_time_median_s:
         record.samples_per_s = record.batch_size / record.step_time_median_s
-    if record.optimizer_step_median_s and record.device_bandwidth_bytes_per_s and \
-            record.optimizer_step_traffic_bytes:
-        achieved = record.optimizer_step_traffic_bytes / record.optimizer_step_median_s
-        record.roofline_fraction = achieved / record.device_bandwidth_bytes_per_s
 
 
 def last_level_cache_bytes() -> int:

@@ -53,7 +53,6 @@ class OptbenchCallback(TrainerCallback):
                                                                **settings)
         self.memory = None  # measure.MemoryWindow, opened at train begin
         self.samples = StepSamples(warmup_steps)
-        self.step_times, self.optimizer_times = self.samples.step_times, self.samples.optimizer_times
         self.diverged_at: int | None = None
         self.trained_s = 0.0  # every step's time, warm-up included (the x-axis of an eval curve)
         self._timer = None  # timing.StepTimer of the step in progress
@@ -90,7 +89,6 @@ class OptbenchCallback(TrainerCallback):
         self.trained_s += step_s
         # Trainer counts the step just finished
         self.samples.add(state.global_step - 1, step_s, optimizer_s, self._stepped)
-        self.samples.fill(self.record)
         self._stepped = True
 
     # -- quality --------------------------------------------------------------------------------------
@@ -121,10 +119,11 @@ class OptbenchCallback(TrainerCallback):
         append_record(self.results_path, self.record)
 
     def finish(self, args, state, model, optimizer) -> Record:
-        """Fill the record from a finished run: settings, sizes, state, peaks, speed, environment, status."""
-        from optbench.probes import measure
+        """Fill the record from a finished run: the settings Trainer knows, then sizes, state, peaks and speed the
+        way a trial describes them (trial/describe.py), the environment and the status."""
         from optbench.records.environment import environment
-        from optbench.records.record import split_peak_memory
+        from optbench.trial.describe import describe_final_loss, describe_model, describe_training
+        from optbench.trial.engines.base import EngineResult
 
         record = self.record
         record.device = str(args.device)
@@ -133,30 +132,15 @@ class OptbenchCallback(TrainerCallback):
         record.lr, record.seed = args.learning_rate, args.seed
         record.wall_s = time.perf_counter() - self._started
         record.env = environment(args.device)
-        if model is not None:
-            params = [p for p in model.parameters() if p.requires_grad]
-            record.model = record.model or getattr(getattr(model, "config", None), "_name_or_path", "") or ""
-            record.num_params = sum(p.numel() for p in params)
-            record.weights_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-            record.grads_bytes = sum(p.numel() * p.element_size() for p in params)
         entry = _registry_entry(record.optimizer)
-        if entry is not None and model is not None:
-            record.state_precision = record.state_precision or entry.precision
-            record.analytic_state_bytes = entry.analytic_for(model).state_bytes
+        if model is not None:
+            record.model = record.model or getattr(getattr(model, "config", None), "_name_or_path", "") or ""
+            describe_model(record, model, entry)
         if optimizer is not None:
             optimizer = getattr(optimizer, "optimizer", optimizer)  # Accelerate wraps Trainer's optimizer
             record.optimizer = record.optimizer or type(optimizer).__name__
-            record.state_bytes, record.state_bytes_by_key = measure.optimizer_state_bytes(optimizer)
-            if record.num_params:
-                record.state_bytes_per_param = record.state_bytes / record.num_params
-            record.paged_state_bytes = measure.paged_state_bytes(optimizer)
-        if self.memory is not None:
-            self.memory.fill(record)
-            split_peak_memory(record)
-        measure.describe_speed(record, self.step_times, self.optimizer_times)
-        if record.loss_curve:
-            tail = record.loss_curve[-5:]
-            record.train_loss_final = sum(tail) / len(tail)
+        describe_training(record, EngineResult(memory=self.memory, samples=self.samples), optimizer, entry, model)
+        describe_final_loss(record)
         if self.diverged_at is None:
             record.status, record.error = "ok", None
         else:

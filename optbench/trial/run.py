@@ -7,7 +7,8 @@ rank, which the process layer starts.
 
 The trial reads top to bottom: `setup` (device, workload, precision, optimizer, schedule), `describe_model`
 (sizes and the analytic state count), the device bandwidth before training, the engine's timed loop
-(engines/), `describe_state`, the memory and speed figures, the bandwidth again, then `evaluate_final`.
+(engines/), `describe_training` (state, memory and speed from what the engine returns, trial/describe.py),
+the bandwidth again, the engine's resume check if asked, then `evaluate_final`.
 Timing discipline lives in the engine: the first optimizer step (lazy state creation, compilation) is
 reported apart as `first_step_s`, the medians cover the steps after `warmup_steps`, probes and evaluations sit
 outside the timed intervals and outside the memory window.
@@ -19,18 +20,17 @@ import copy
 import os
 import random
 import time
-from pathlib import Path
-from typing import Any
 
 import torch
 
 from optbench.job.devices import GPU_PINNED_ENV, resolve_device
 from optbench.job.spec import TrialSpec
-from optbench.optimizers import OptimizerSpec, resolve
+from optbench.optimizers import resolve
 from optbench.probes import measure
 from optbench.records.environment import cpu_name, environment
 from optbench.records.oom import raised_out_of_memory
-from optbench.records.record import Record, split_peak_memory
+from optbench.records.record import Record
+from optbench.trial.describe import describe_bandwidth, describe_final_loss, describe_model, describe_training
 from optbench.trial.engines import Diverged, Setup, engine_for, evaluate
 from optbench.trial.precision import dtype_name, parse_precision
 from optbench.trial.schedules import make_scheduler
@@ -75,51 +75,6 @@ def setup(spec: TrialSpec, record: Record) -> Setup:
                  scaler=precision.grad_scaler(device), params=[p for p in model.parameters() if p.requires_grad])
 
 
-def describe_model(record: Record, model: torch.nn.Module, entry: OptimizerSpec) -> None:
-    """Parameter count, weight and gradient bytes, and what the entry's state *should* hold for them."""
-    from optbench.optimizers import factored_numel
-
-    params = [p for p in model.parameters() if p.requires_grad]
-    record.num_params = sum(p.numel() for p in params)
-    record.weights_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    record.grads_bytes = sum(p.numel() * p.element_size() for p in params)
-    record.factored_numel = factored_numel([tuple(p.shape) for p in params])
-    facts = entry.analytic_for(model, **record.optimizer_kwargs)  # kwargs such as rank change the count
-    record.analytic_state_bytes = facts.state_bytes
-    record.analytic_state_bytes_per_param = facts.state_bytes / record.num_params
-    record.fp32_state_fraction = facts.fp32_state_numel / record.num_params
-    if params and params[0].dtype == torch.bfloat16 and facts.fp32_state_numel == 0 and \
-            record.state_precision.startswith("fp32"):
-        # torch's optimizers keep their state in the parameters' dtype: "fp32" entries hold bf16 state here
-        record.state_precision = "bf16" + record.state_precision.removeprefix("fp32")
-    record.optimizer_step_traffic_bytes = facts.step_traffic_bytes
-
-
-def describe_state(record: Record, optimizer: torch.optim.Optimizer, entry: OptimizerSpec,
-                   model: torch.nn.Module | None = None, state_map_dir: str | None = None) -> None:
-    """The state the optimizer really holds after training (it is created lazily on the first step), and where it
-    sits: per module kind on the record, the full per-parameter map as a CSV in `state_map_dir` when asked."""
-    from optbench.memory import statemap
-
-    record.state_bytes, record.state_bytes_by_key = measure.optimizer_state_bytes(optimizer)
-    if model is not None:
-        rows = statemap.measured_state_map(optimizer, model)
-        record.state_bytes_by_module = statemap.bytes_by_module(rows)
-        if state_map_dir:
-            statemap.write_state_map(rows, Path(state_map_dir) / f"{record.optimizer}-seed{record.seed}-"
-                                                                  f"{record.trial_id}.csv")
-    record.state_bytes_per_param = record.state_bytes / record.num_params
-    record.paged, record.paged_reason = entry.paging(optimizer)
-    record.optimizer_impl = measure.optimizer_impl(optimizer)
-    if record.rss_growth_after_step_bytes is not None and record.grads_bytes is not None:
-        record.held_other_bytes = record.rss_growth_after_step_bytes - record.grads_bytes - record.state_bytes
-
-
-def describe_bandwidth(record: Record, samples: list[float]) -> None:
-    """The roofline's ceiling: median and inter-quartile range of the triad samples taken around training."""
-    record.device_bandwidth_bytes_per_s, record.device_bandwidth_iqr_bytes_per_s = measure.median_iqr(samples)
-
-
 def evaluate_final(s: Setup, record: Record) -> None:
     """Every split the trial built: validation (study trials: it picks the lr) and eval (what is reported)."""
     if s.built.val is not None:
@@ -145,8 +100,7 @@ def time_to_target(record: Record, target: float) -> None:
 
 def check_divergence(record: Record, chance_loss: float) -> None:
     losses = record.loss_curve
-    tail = losses[-min(5, len(losses)):]
-    record.train_loss_final = sum(tail) / len(tail)
+    describe_final_loss(record)
     if record.train_loss_final > DIVERGENCE_FACTOR * max(losses[0], chance_loss):
         raise Diverged(f"final train loss {record.train_loss_final:.3g} is over {DIVERGENCE_FACTOR:g}x "
                        f"the first ({losses[0]:.3g})")
@@ -178,34 +132,15 @@ def _train_and_measure(spec: TrialSpec, record: Record) -> None:
     describe_model(record, s.model, s.entry)
     record.predicted_peak_bytes = for_trial(spec, s.model, s.entry, str(s.device))  # before a step: a prediction
     bandwidth = measure.triad_bandwidth_samples(s.device, BANDWIDTH_SAMPLES)
-    check = resume_check(s, record) if spec.resume_check else None
-    s.after_step = getattr(check, "after_step", None)
     result = engine_for(spec)(s, record)
-    describe_state(record, s.optimizer, s.entry, s.model, spec.state_map_dir)
-    result.memory.fill(record)
-    split_peak_memory(record)
+    describe_training(record, result, s.optimizer, s.entry, s.model, spec.state_map_dir)
     describe_bandwidth(record, bandwidth + measure.triad_bandwidth_samples(s.device, BANDWIDTH_SAMPLES))
-    measure.describe_speed(record, result.step_times, result.optimizer_times)
     if spec.target is not None:
         time_to_target(record, spec.target)
-    if check is not None:
-        check.finish(fresh_setup(spec, record))
+    if result.resume is not None:  # the engine's own check (--resume-check): resume fresh objects, compare
+        result.resume.finish(fresh_setup(spec, record))
     evaluate_final(s, record)
     check_divergence(record, s.built.chance_loss)
-
-
-def resume_check(s: Setup, record: Record) -> Any:
-    """The resume check for the trial's engine: the native loop's (torch.save, or torch.distributed.checkpoint in
-    a group) or, under Trainer, Trainer's own checkpoint and `resume_from_checkpoint` (set on the setup, which the
-    trainer engine reads)."""
-    if s.spec.engine == "trainer":
-        from optbench.trial.engines.trainer_resume import TrainerResumeCheck
-
-        s.resume = TrainerResumeCheck(s, record)
-        return s.resume
-    from optbench.trial.engines.resume import ResumeCheck
-
-    return ResumeCheck(s, record)
 
 
 def fresh_setup(spec: TrialSpec, record: Record) -> Setup:

@@ -23,7 +23,8 @@ import torch
 from optbench.probes import measure
 from optbench.probes.timing import StepTimer
 from optbench.trial.engines.base import StepLog
-from optbench.trial.engines.native import warm_up
+from optbench.trial.engines.loop import warm_up
+from optbench.trial.engines.resume import ResumeCheck
 from optbench.trial.engines.trainer import SplitDataset
 from optbench.trial.precision import wrapped_step_will_run
 from optbench.workloads.base import batch_indices, rows
@@ -70,9 +71,10 @@ def train(s: Setup, record: Record) -> EngineResult:
     loader = torch.utils.data.DataLoader(SplitDataset(s.built.train), batch_sampler=order, generator=torch.Generator())
     model, optimizer, scheduler, loader = accelerator.prepare(s.model, s.optimizer, s.scheduler, loader)
     _check_placement(accelerator, model, s.device)
+    check = ResumeCheck.if_asked(s, record)  # the native loop's: it saves the same objects, Accelerate wraps them
     warm_up(s)
     memory = measure.MemoryWindow(s.device)
-    log = StepLog(s, record, memory)
+    log = StepLog(s, record, memory, after_step=check.after_step if check is not None else None)
     for step, batch in enumerate(loader):  # the loader has copied the batch to the device already
         timer = StepTimer(s.device)
         timer.mark("start")
@@ -92,5 +94,4 @@ def train(s: Setup, record: Record) -> EngineResult:
         memory.sample_device_used()
         log.after_step(step, step_s, optimizer_s, loss.item(), stepped)
     s.model = accelerator.unwrap_model(model)
-    record.paged_state_bytes = measure.paged_state_bytes(s.optimizer)
-    return log.result(memory)
+    return log.result(memory, resume=check)

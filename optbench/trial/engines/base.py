@@ -1,14 +1,17 @@
 """What every engine gets and gives back: the prepared trial (`Setup`), its per-step log and its result.
 
-An engine is a function `(setup, record) -> EngineResult` that trains `setup.spec.steps` steps, fills
-`record.loss_curve`, `first_step_s` and `eval_curve`, and returns the memory window it opened plus the per-step
-times after warm-up; the trial (optbench/trial/run.py) builds the `Setup` before and describes the record after.
-These types live here, below both, so that the engines never import the trial that calls them.
+An engine is a function `(setup, record) -> EngineResult` that trains `setup.spec.steps` steps, appends to
+`record.loss_curve` and `eval_curve` as it goes (a diverged trial keeps its curve up to the failure), and returns
+what it measured: the memory window it opened, the step samples, its resume check under `--resume-check` (each
+engine picks its own) and the fidelity probe. The trial (optbench/trial/run.py) builds the `Setup` before and
+fills the record from the result once after (trial/describe.py). These types live here, below both, so that the
+engines never import the trial that calls them.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +20,9 @@ if TYPE_CHECKING:
 
     from optbench.job.spec import TrialSpec
     from optbench.optimizers import OptimizerSpec
+    from optbench.probes.fidelity import UpdateFidelity
     from optbench.probes.measure import MemoryWindow
+    from optbench.probes.timing import StepSamples
     from optbench.records.record import Record
     from optbench.trial.precision import Precision
 
@@ -43,11 +48,6 @@ class Setup:
     scheduler: torch.optim.lr_scheduler.LRScheduler
     scaler: torch.amp.GradScaler | None = None
     params: list[torch.nn.Parameter] = field(default_factory=list)
-    # Called after each step with the step's index, outside its timed intervals and the memory window's peak
-    # (the resume check saves its checkpoint here). None: nothing to do.
-    after_step: Any = None
-    resume: Any = None  # the trial's TrainerResumeCheck, for the trainer engine (which saves through Trainer)
-    held_after_step_bytes: int | None = None  # RSS growth right after the last optimizer step (CPU)
 
     @property
     def curve_split(self) -> dict[str, torch.Tensor] | None:
@@ -81,9 +81,12 @@ def evaluate(s: Setup, split: dict[str, torch.Tensor]) -> dict[str, float]:
 
 @dataclass
 class EngineResult:
-    memory: MemoryWindow  # opened after setup and the warm-up pass: the trial reads its peaks
-    step_times: list[float]  # whole steps after warm-up, seconds
-    optimizer_times: list[float]  # optimizer.step() alone, same steps
+    """What an engine measured, for the one function that fills the record from it (trial/describe.py)."""
+
+    memory: MemoryWindow | None  # opened after setup and the warm-up pass (None: training never began)
+    samples: StepSamples  # the step times by role: first step, warm-up, timed, skipped
+    resume: Any = None  # the engine's resume check under --resume-check: the trial finishes it after describing
+    fidelity: UpdateFidelity | None = None  # --fidelity: the update-fidelity probe, its curves filled
 
 
 class StepLog:
@@ -91,15 +94,16 @@ class StepLog:
     samples sorted by `timing.StepSamples` (warm-up out, the first step that stepped apart, a step an fp16 loss
     scaler skipped listed in `record.skipped_steps` and kept out of the medians), divergence, the `--eval-every`
     curve (evaluated between steps, on the fixed subset, against training seconds so far, outside the memory
-    window's peak: see `MemoryWindow.paused`) and the setup's `after_step` hook (the resume check's save)."""
+    window's peak: see `MemoryWindow.paused`) and the `after_step` hook the engine passes (its resume check's save,
+    called with the step's index outside the timed intervals and the memory window's peak)."""
 
-    def __init__(self, s: Setup, record: Record, memory: MemoryWindow | None = None) -> None:
+    def __init__(self, s: Setup, record: Record, memory: MemoryWindow | None = None,
+                 after_step: Callable[[int], None] | None = None) -> None:
         from optbench.probes.timing import StepSamples
 
-        self.s, self.record, self.memory = s, record, memory
+        self.s, self.record, self.memory, self.hook = s, record, memory, after_step
         self.curve_split = s.curve_split if s.spec.eval_every else None
         self.samples = StepSamples(s.spec.warmup_steps)
-        self.step_times, self.optimizer_times = self.samples.step_times, self.samples.optimizer_times
         self.trained_s = 0.0
 
     def after_step(self, step: int, step_s: float, optimizer_s: float, loss_value: float,
@@ -108,17 +112,16 @@ class StepLog:
         self.trained_s += step_s
         record.loss_curve.append(loss_value)
         self.samples.add(step, step_s, optimizer_s, stepped)
-        self.samples.fill(record)
         if not math.isfinite(loss_value):
             raise Diverged(f"loss became {loss_value} at step {step}")
         if self.curve_split is not None and (step + 1) % spec.eval_every == 0:
             record.eval_curve.append([step + 1, self.trained_s, self._curve_point()])
-        if self.s.after_step is not None:
+        if self.hook is not None:
             if self.memory is None:
-                self.s.after_step(step)
+                self.hook(step)
             else:
                 with self.memory.paused():
-                    self.s.after_step(step)
+                    self.hook(step)
 
     def _curve_point(self) -> float:
         """One eval-curve value; its memory (an LM's fp32 logits) must not count as the training peak."""
@@ -127,5 +130,5 @@ class StepLog:
         with self.memory.paused():
             return evaluate(self.s, self.curve_split)[self.record.target_metric]
 
-    def result(self, memory: MemoryWindow) -> EngineResult:
-        return EngineResult(memory=memory, step_times=self.step_times, optimizer_times=self.optimizer_times)
+    def result(self, memory: MemoryWindow, resume: Any = None, fidelity: UpdateFidelity | None = None) -> EngineResult:
+        return EngineResult(memory=memory, samples=self.samples, resume=resume, fidelity=fidelity)

@@ -28,6 +28,7 @@ import torch
 
 from optbench.records.record import Record
 from optbench.trial.engines.base import Setup
+from optbench.trial.engines.loop import timed_steps
 
 # torch.distributed.checkpoint raises CheckpointException, a BaseException: a failed save or load is still a result
 FAILURES: tuple[type[BaseException], ...] = (Exception,)
@@ -35,16 +36,27 @@ CLOSE_PARAM_DIFF = 1e-5  # below float32 noise of an update step at fine-tuning 
 CLOSE_LOSS_DIFF = 1e-4
 
 
+def middle_step(steps: int) -> int:
+    """Steps trained before the checkpoint, in both checks (native and Trainer): half the job, at least one."""
+    return max(1, steps // 2)
+
+
 class ResumeCheck:
-    """Saves at the middle step (as `Setup.after_step`), then `finish` resumes and compares."""
+    """The native loop's check (native, accelerate and the parallel modes): saves at the middle step (the loop's
+    `after_step` hook), then `finish` resumes and compares."""
 
     def __init__(self, s: Setup, record: Record) -> None:
         self.s, self.record = s, record
-        self.mid = max(1, s.spec.steps // 2)  # steps trained before the checkpoint
+        self.mid = middle_step(s.spec.steps)
         self.folder, self.path = _shared_folder()
         self.error: str | None = None
         if switches_mode(s):
             record.resume_note = "optimizer.eval() before saving, optimizer.train() after saving and loading"
+
+    @classmethod
+    def if_asked(cls, s: Setup, record: Record) -> ResumeCheck | None:
+        """The check where the spec asks for it (`--resume-check`), else None."""
+        return cls(s, record) if s.spec.resume_check else None
 
     def after_step(self, step: int) -> None:
         if step + 1 != self.mid:
@@ -91,8 +103,6 @@ class ResumeCheck:
         self.record.checkpoint_load_s = time.perf_counter() - start
 
     def _continue(self, fresh: Setup) -> None:
-        from optbench.trial.engines.native import timed_steps
-
         losses = [loss for *_, loss in timed_steps(fresh, start=self.mid)]
         compare(self.record, _params(self.s.model), _params(fresh.model), self.record.loss_curve[-1], losses[-1])
 

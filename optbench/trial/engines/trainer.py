@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from transformers import TrainerCallback
 
-from optbench.probes import measure
 from optbench.trial.engines.base import EngineResult
-from optbench.trial.engines.native import warm_up
+from optbench.trial.engines.loop import warm_up
+from optbench.trial.engines.trainer_resume import TrainerResumeCheck
 
 if TYPE_CHECKING:
     from optbench.records.record import Record
@@ -125,14 +125,13 @@ def train(s: Setup, record: Record) -> EngineResult:
     from optbench.trial.engines.base import Diverged
 
     callback = OptbenchCallback(record=record, warmup_steps=s.spec.warmup_steps)
+    # --resume-check: Trainer's own checkpoint and resume_from_checkpoint; its folder outlives train()
+    resume = TrainerResumeCheck(s, record, build_trainer) if s.spec.resume_check else None
     warm_up(s)  # the same untimed pass as the native engine, so the memory baselines match
-    resume = s.resume  # a TrainerResumeCheck under --resume-check: its folder keeps the checkpoint after train()
     with tempfile.TemporaryDirectory(prefix="optbench-trainer-") as output_dir:
         trainer = build_trainer(s, resume.output_dir if resume is not None else output_dir,
                                 [callback, EvalCurve(s, record, callback)], resume, callback)
         trainer.train()
     if callback.diverged_at is not None:
         raise Diverged(f"loss became non-finite at step {callback.diverged_at}")
-    record.paged_state_bytes = measure.paged_state_bytes(s.optimizer)
-    return EngineResult(memory=callback.memory, step_times=callback.step_times,
-                        optimizer_times=callback.optimizer_times)
+    return EngineResult(memory=callback.memory, samples=callback.samples, resume=resume)

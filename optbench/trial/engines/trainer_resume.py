@@ -25,7 +25,7 @@ from transformers import TrainerCallback
 
 from optbench.records.record import Record
 from optbench.trial.engines.base import Setup
-from optbench.trial.engines.resume import FAILURES, _message, _params, compare, switches_mode, timed_save
+from optbench.trial.engines.resume import FAILURES, _message, _params, compare, middle_step, switches_mode, timed_save
 
 
 class LastLoss(TrainerCallback):
@@ -46,11 +46,13 @@ class LastLoss(TrainerCallback):
 
 
 class TrainerResumeCheck:
-    """Saves through the reference Trainer at the middle step (`save`), then `finish` resumes and compares."""
+    """Saves through the reference Trainer at the middle step (`save`), then `finish` resumes and compares.
+    `build_trainer(setup, output_dir, callbacks)` makes the resumed run's Trainer: the trainer engine hands its own,
+    so this module never imports the engine that uses it."""
 
-    def __init__(self, s: Setup, record: Record) -> None:
-        self.s, self.record = s, record
-        self.mid = max(1, s.spec.steps // 2)
+    def __init__(self, s: Setup, record: Record, build_trainer: Callable[..., Any]) -> None:
+        self.s, self.record, self.build_trainer = s, record, build_trainer
+        self.mid = middle_step(s.spec.steps)
         self.folder = tempfile.TemporaryDirectory(prefix="optbench-trainer-resume-")
         self.error: str | None = None
         if switches_mode(s):
@@ -90,13 +92,11 @@ class TrainerResumeCheck:
             self.record.resume_status = f"error: {self.error}"
 
     def _resume(self, fresh: Setup) -> None:
-        from optbench.trial.engines.trainer import build_trainer
-
         if not self.checkpoint.is_dir():
             raise RuntimeError(f"Trainer wrote no {self.checkpoint.name}")
         probe = LastLoss()
         with tempfile.TemporaryDirectory(prefix="optbench-trainer-") as output_dir:
-            trainer = build_trainer(fresh, output_dir, [probe])
+            trainer = self.build_trainer(fresh, output_dir, [probe])
             probe.started = time.perf_counter()
             trainer.train(resume_from_checkpoint=str(self.checkpoint))
         if probe.loss is None:
