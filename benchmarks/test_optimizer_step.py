@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from bench_support import extra_info, first_batch, fresh_model, measured_record, trial_spec
 
-from optbench.probes import measure
+from optbench.probes import measure, slowdown
 
 
 def test_optimizer_step(benchmark, optimizer_spec, workload, bench_size, device):
@@ -12,7 +12,7 @@ def test_optimizer_step(benchmark, optimizer_spec, workload, bench_size, device)
     model = fresh_model(workload, device)
     model(**first_batch(workload, bench_size.batch_size, device)).loss.backward()  # real gradients, kept
     optimizer = optimizer_spec.build_for(model)
-    measure.slow_down_if_asked(optimizer)  # the regression gate's test knob; a no-op otherwise
+    slowdown.slow_down_if_asked(optimizer)  # the regression gate's test knob; a no-op otherwise
     memory = measure.MemoryWindow(device)
 
     def step() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from bench_support import extra_info, first_batch, fresh_model, measured_record, train_step, trial_spec
 
-from optbench.probes import measure
+from optbench.probes import measure, slowdown
 
 
 def test_train_step(benchmark, optimizer_spec, workload, bench_size, device):
@@ -12,7 +12,7 @@ def test_train_step(benchmark, optimizer_spec, workload, bench_size, device):
     model = fresh_model(workload, device)
     batch = first_batch(workload, bench_size.batch_size, device)
     optimizer = optimizer_spec.build_for(model)
-    measure.slow_down_if_asked(optimizer)  # the regression gate's test knob; a no-op otherwise
+    slowdown.slow_down_if_asked(optimizer)  # the regression gate's test knob; a no-op otherwise
     # As in the trial: one forward/backward before the memory baseline pages the kernels in; grads dropped.
     model(**batch).loss.backward()
     model.zero_grad(set_to_none=True)

@@ -17,7 +17,7 @@ import torch
 from _overflow import overflow_at
 
 from optbench.job.spec import TrialSpec
-from optbench.probes import measure
+from optbench.probes import measure, slowdown
 from optbench.trial.run import run_trial
 
 pytestmark = pytest.mark.cuda
@@ -173,7 +173,7 @@ def test_injected_slowdown_grows_the_optimizer_interval_on_the_gpu(monkeypatch):
 
     def optimizer_interval_s() -> float:
         optimizer = torch.optim.AdamW(params, foreach=True)
-        measure.slow_down_if_asked(optimizer)
+        slowdown.slow_down_if_asked(optimizer)
         optimizer.step()  # state
         times = []
         for _ in range(5):
@@ -185,7 +185,7 @@ def test_injected_slowdown_grows_the_optimizer_interval_on_the_gpu(monkeypatch):
         return sorted(times)[2]
 
     plain = optimizer_interval_s()
-    monkeypatch.setenv(measure.SLOWDOWN_ENV, "2.0")
+    monkeypatch.setenv(slowdown.SLOWDOWN_ENV, "2.0")
     assert optimizer_interval_s() > 2 * plain  # about 3x: the sleep follows the device time, not the launch
 
 

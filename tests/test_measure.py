@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.utils._pytree import tree_map
 
-from optbench.probes import measure, timing
+from optbench.probes import measure, slowdown, timing
 from optbench.probes.timing import STEP_MARKS
 from optbench.records.record import Record
 
@@ -133,12 +133,12 @@ def test_injected_slowdown_is_proportional_to_the_steps_device_time(monkeypatch)
     device, slept = _FakeDevice(), []
     monkeypatch.setattr(timing, "synchronize", device.synchronize)
     monkeypatch.setattr(timing, "time", SimpleNamespace(perf_counter=lambda: device.now, sleep=slept.append))
-    monkeypatch.setenv(measure.SLOWDOWN_ENV, "0.5")
+    monkeypatch.setenv(slowdown.SLOWDOWN_ENV, "0.5")
     param = torch.nn.Parameter(torch.ones(2))
     optimizer = torch.optim.SGD([param], lr=0.1)
     for work_s in (0.2, 0.8):
         optimizer.step = lambda work_s=work_s: device.queue(work_s)  # a launch-only step
-        measure.slow_down_if_asked(optimizer)
+        slowdown.slow_down_if_asked(optimizer)
         device.queue(3.0)  # backward work still queued when step() is called: not the step's
         optimizer.step()
     assert slept == [pytest.approx(0.1), pytest.approx(0.4)]  # 0.5 x each step's device time, not its launch (0)
@@ -149,13 +149,13 @@ def test_slowdown_knob_is_off_unless_set_and_slows_step_when_set(monkeypatch):
     param = torch.nn.Parameter(torch.ones(4))
     optimizer = torch.optim.SGD([param], lr=0.1)
     original = optimizer.step
-    monkeypatch.delenv(measure.SLOWDOWN_ENV, raising=False)
-    measure.slow_down_if_asked(optimizer)
+    monkeypatch.delenv(slowdown.SLOWDOWN_ENV, raising=False)
+    slowdown.slow_down_if_asked(optimizer)
     assert optimizer.step == original  # untouched: no cost in real runs
-    monkeypatch.setenv(measure.SLOWDOWN_ENV, "1.0")
+    monkeypatch.setenv(slowdown.SLOWDOWN_ENV, "1.0")
     slept = []
     monkeypatch.setattr(timing.time, "sleep", slept.append)
-    measure.slow_down_if_asked(optimizer)
+    slowdown.slow_down_if_asked(optimizer)
     param.grad = torch.ones(4)
     optimizer.step()
     assert len(slept) == 1 and slept[0] > 0 and torch.allclose(param.detach(), torch.full((4,), 0.9))
@@ -210,14 +210,14 @@ def test_device_used_bytes_and_paged_state_off_cuda():
 def test_a_slowed_optimizer_still_takes_an_lr_schedule_in_either_order(monkeypatch):
     from optbench.trial.schedules import make_scheduler
 
-    monkeypatch.setenv(measure.SLOWDOWN_ENV, "0.5")
+    monkeypatch.setenv(slowdown.SLOWDOWN_ENV, "0.5")
     slept = []
     monkeypatch.setattr(timing.time, "sleep", slept.append)
     for schedule_first in (False, True):  # the trial slows first; a parallel mode's rebuilt optimizer after
         param = torch.nn.Parameter(torch.ones(4))
         optimizer = torch.optim.SGD([param], lr=0.1)
         scheduler = make_scheduler(optimizer, "linear", 4, 1) if schedule_first else None
-        measure.slow_down_if_asked(optimizer)
+        slowdown.slow_down_if_asked(optimizer)
         scheduler = scheduler or make_scheduler(optimizer, "linear", 4, 1)
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # e.g. "lr_scheduler.step() before optimizer.step()"
@@ -226,3 +226,37 @@ def test_a_slowed_optimizer_still_takes_an_lr_schedule_in_either_order(monkeypat
                 optimizer.step()
                 scheduler.step()
     assert len(slept) == 4
+
+
+def test_a_peak_rss_that_cannot_be_reset_is_said_not_silently_recorded(monkeypatch, tmp_path):
+    """Where the kernel refuses the reset, VmHWM holds the whole process's peak (imports, setup): a warning says
+    so instead of a growth figure passing for the training window's."""
+    monkeypatch.setattr(measure, "_CLEAR_REFS", tmp_path / "no-such-folder" / "clear_refs")
+    with pytest.warns(measure.MeasurementWarning, match="peak RSS could not be reset"):
+        measure.MemoryWindow(torch.device("cpu"))
+
+
+def test_a_guessed_cache_size_is_said(monkeypatch, tmp_path):
+    monkeypatch.setattr(measure, "_CPU_CACHE", tmp_path)  # a sysfs folder without cache entries
+    with pytest.warns(measure.MeasurementWarning, match="assumes a 32 MiB last-level cache"):
+        assert measure.last_level_cache_bytes() == measure.GUESSED_CACHE_BYTES
+
+
+def test_the_slowdown_knob_reaches_production_code_through_one_seam():
+    """OPTBENCH_TEST_OPTIMIZER_SLOWDOWN is a test-only knob: one module holds it, and the package calls it from
+    one place only (Setup.install_optimizer), where every trial's optimizer is made."""
+    import ast
+    from pathlib import Path
+
+    package = Path(measure.__file__).resolve().parents[1]
+    callers = set()
+    for path in package.rglob("*.py"):
+        text = path.read_text()
+        if path.name == "slowdown.py":
+            continue
+        assert slowdown.SLOWDOWN_ENV not in text, f"{path} reads the knob itself"
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) in (
+                    "slow_down_if_asked", "injected_slowdown"):
+                callers.add(str(path.relative_to(package)))
+    assert callers == {"trial/engines/base.py"}

@@ -232,3 +232,13 @@ def test_skipped_records_come_first_and_share_the_sweeps_run_id(tmp_path):
                         run_trial=lambda s: Record(trial_id=s.trial_id, optimizer=s.optimizer, status="ok"))
     assert [r.status for r in records] == ["skipped", "ok", "ok"]
     assert [r.run_id for r in read_records(tmp_path / "r.jsonl")] == ["r2"] * 3
+
+
+def test_a_warning_the_trials_probes_raised_is_printed_once_per_sweep(tmp_path):
+    stream = io.StringIO()
+    said = ["the peak RSS could not be reset (...)", "the CPU's cache sizes could not be read (...)"]
+    run_sweep(build_grid(["adamw", "adafactor"], [0], **TINY), tmp_path / "r.jsonl", progress=stream,
+              run_trial=lambda s: Record(trial_id=s.trial_id, optimizer=s.optimizer, status="ok",
+                                         measurement_warnings=said))
+    lines = stream.getvalue().splitlines()
+    assert [line for line in lines if "warning" in line] == [f"optbench: warning: {text}" for text in said]

@@ -100,3 +100,14 @@ def test_trial_id_is_stable_and_settings_sensitive():
     assert a.trial_id == b.trial_id
     assert a.trial_id != TrialSpec(optimizer="adamw", seed=1, **{k: v for k, v in TINY.items()}).trial_id
     assert a.trial_id == TrialSpec(optimizer="adamw", timeout_s=5, **TINY).trial_id
+
+
+def test_what_the_probes_could_not_measure_is_kept_on_the_record_once(monkeypatch, tmp_path):
+    """A trial runs in a child whose log nobody reads: the probes' warnings travel on its record (each once)."""
+    monkeypatch.setattr(measure, "_CLEAR_REFS", tmp_path / "no-such-folder" / "clear_refs")
+    monkeypatch.setattr(measure, "_CPU_CACHE", tmp_path)
+    record = run_trial(TrialSpec(optimizer="adamw", **TINY))
+    assert record.status == "ok", record.error
+    cache, rss = record.measurement_warnings  # the bandwidth probe ran twice, the peaks were reset several times
+    assert cache.startswith(f"the CPU's cache sizes could not be read from {tmp_path}")
+    assert rss.startswith("the peak RSS could not be reset")

@@ -18,6 +18,7 @@ import ctypes
 import ctypes.util
 import gc
 import statistics
+import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,10 +26,17 @@ from typing import Any
 import torch
 
 # Clocks and step timing live in optbench/probes/timing.py; these stay importable from here for their callers.
-from optbench.probes.timing import SLOWDOWN_ENV, StepTimer, clock, slow_down_if_asked, synchronize  # noqa: F401
+from optbench.probes.timing import StepTimer, clock, synchronize  # noqa: F401
 
 _STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
+_CPU_CACHE = Path("/sys/devices/system/cpu/cpu0/cache")
+GUESSED_CACHE_BYTES = 32 * 2**20  # the last-level cache assumed where sysfs does not say (a large server's L3)
+
+
+class MeasurementWarning(UserWarning):
+    """A probe could not measure as it should and says so: the figures it names are to be read with care. A trial
+    keeps these on its record (`measurement_warnings`); a sweep prints each once."""
 
 
 def leaf_tensors(value: Any) -> Iterator[torch.Tensor]:
@@ -111,7 +119,12 @@ def reset_peak_rss() -> bool:
 
 
 def reset_peaks(device: torch.device) -> None:
-    reset_peak_rss()
+    """Start the peaks afresh. Where the kernel refuses to reset VmHWM, the RSS peak is the process's lifetime
+    peak (imports and setup included), which is said, not silently recorded as the training window's."""
+    if not reset_peak_rss() and peak_rss_bytes() is not None:
+        warnings.warn(f"the peak RSS could not be reset ({_CLEAR_REFS} refused the write): peak_rss_bytes and "
+                      "peak_rss_growth_bytes count the whole process, setup included", MeasurementWarning,
+                      stacklevel=2)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
@@ -262,13 +275,18 @@ def describe_speed(record: Any, step_times: list[float], optimizer_times: list[f
 
 
 def last_level_cache_bytes() -> int:
-    """The largest CPU cache (sysfs), 32 MiB where it cannot be read: what a bandwidth buffer must dwarf."""
+    """The largest CPU cache (sysfs): what a bandwidth buffer must dwarf. Where sysfs does not say, 32 MiB is
+    assumed, with a MeasurementWarning: a larger cache would make the bandwidth read too high."""
     sizes = []
-    for path in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+    for path in _CPU_CACHE.glob("index*/size"):
         text = path.read_text().strip().upper()
-        with contextlib.suppress(ValueError):
+        with contextlib.suppress(ValueError, KeyError, IndexError):
             sizes.append(int(text[:-1]) * {"K": 2**10, "M": 2**20, "G": 2**30}[text[-1]])
-    return max(sizes, default=32 * 2**20)
+    if not sizes:
+        warnings.warn(f"the CPU's cache sizes could not be read from {_CPU_CACHE}: the bandwidth probe assumes a "
+                      f"{GUESSED_CACHE_BYTES // 2**20} MiB last-level cache (device_bandwidth_bytes_per_s reads too "
+                      "high if it is larger)", MeasurementWarning, stacklevel=2)
+    return max(sizes, default=GUESSED_CACHE_BYTES)
 
 
 CUDA_BANDWIDTH_OPERAND_BYTES = 512 * 2**20  # far beyond any L2; a pass lasts long enough for events to time it

@@ -9,9 +9,7 @@ steps count, so native, Accelerate and Trainer timings measure the same interval
 
 from __future__ import annotations
 
-import os
 import time
-import types
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -110,40 +108,3 @@ class StepSamples:
     def fill(self, record: Any) -> None:
         """The record's `first_step_s` and `skipped_steps` (the samples themselves go through describe_speed)."""
         record.first_step_s, record.skipped_steps = self.first_step_s, list(self.skipped_steps)
-
-
-SLOWDOWN_ENV = "OPTBENCH_TEST_OPTIMIZER_SLOWDOWN"
-
-
-def injected_slowdown(elapsed_s: float) -> None:
-    """Test-only knob: with OPTBENCH_TEST_OPTIMIZER_SLOWDOWN=0.3 each optimizer.step() takes 30 % longer.
-
-    The regression gate's tests and the nightly's red-night check use it to make a known slowdown."""
-    fraction = float(os.environ.get(SLOWDOWN_ENV) or 0)
-    if fraction > 0:
-        time.sleep(fraction * elapsed_s)
-
-
-def slow_down_if_asked(optimizer: torch.optim.Optimizer) -> None:
-    """Wrap `optimizer.step` so it sleeps per `injected_slowdown`; a no-op unless the knob is set.
-
-    On CUDA `step()` only queues kernels: the device is synchronized before and after it, so the sleep is a
-    fraction of the step's device time (and queued backward work is not counted), and the GPU idles through it:
-    the optimizer interval grows by that fraction, as a real slowdown would make it."""
-    if not float(os.environ.get(SLOWDOWN_ENV) or 0):
-        return
-    step = optimizer.step
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    device = params[0].device if params else torch.device("cpu")
-
-    def slowed_step(_optimizer, *args, **kwargs):
-        start = clock(device)
-        result = step(*args, **kwargs)
-        injected_slowdown(clock(device) - start)
-        return result
-
-    # A bound method, as `step` was: torch's LR schedulers wrap `optimizer.step.__func__`; one that already
-    # wrapped it still finds its mark (the inner step it wrapped still records that the optimizer stepped).
-    if hasattr(step, "_wrapped_by_lr_sched"):
-        slowed_step._wrapped_by_lr_sched = True
-    optimizer.step = types.MethodType(slowed_step, optimizer)

@@ -184,6 +184,9 @@ class Record:
     resume_final_loss_diff: float | None = None
     resume_status: str | None = None  # exact | close | diverged | error: <library message>
     resume_note: str | None = None  # e.g. "optimizer.eval() before saving (schedule-free)"
+    # what a probe could not measure as it should (a peak that could not be reset, a cache size guessed): the
+    # figures each names are to be read with care
+    measurement_warnings: list[str] = field(default_factory=list)
     # bookkeeping
     startup_s: float | None = None  # trial launch to the child's first line of real work (imports, fork)
     wall_s: float | None = None

@@ -1,7 +1,8 @@
 """The one progress printer of every sweep and of the study: one plain line per finished trial (no carriage
 returns, so a log file reads it as a terminal does), `[i/N] optimizer [stage lr=...] seed=S status [scores] in
 12s; ETA 3m05s`, the ETA from the trials that ran (not those found already recorded, nor those that cannot run
-here)."""
+here). A warning a trial's probes raised (`Record.measurement_warnings`) is printed once per sweep, however many
+trials raise it."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ class Progress:
         self.total, self.show = total, show
         self.done = self.ran = 0
         self.started = time.perf_counter()
+        self.warned: set[str] = set()
 
     def __call__(self, record: Record) -> None:
         self.done += 1
@@ -46,3 +48,7 @@ class Progress:
             self.show(f"{head} already ok; {eta}")
         else:
             self.show(f"{head} {record.status}{_scores(record)} in {_duration(record.wall_s or 0.0)}; {eta}")
+        for text in record.measurement_warnings:
+            if text not in self.warned:
+                self.warned.add(text)
+                self.show(f"warning: {text}")

@@ -16,10 +16,13 @@ outside the timed intervals and outside the memory window.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import random
 import time
+import warnings
+from collections.abc import Iterator
 
 import torch
 
@@ -33,7 +36,6 @@ from optbench.records.record import Record
 from optbench.trial.describe import describe_bandwidth, describe_final_loss, describe_model, describe_training
 from optbench.trial.engines import Diverged, Setup, engine_for, evaluate
 from optbench.trial.precision import dtype_name, parse_precision
-from optbench.trial.schedules import make_scheduler
 from optbench.trial.settings import settings_record
 
 DIVERGENCE_FACTOR = 3.0  # final loss this many times the first loss (or the chance loss) → diverged
@@ -67,12 +69,11 @@ def setup(spec: TrialSpec, record: Record) -> Setup:
     record.val_rows = None if built.val is None else next(iter(built.val.values())).shape[0]
     model = built.model.to(device=device, dtype=precision.param_dtype)
     model.train()
-    optimizer = entry.build_for(model, lr=record.lr, **spec.optimizer_kwargs)
-    measure.slow_down_if_asked(optimizer)
-    return Setup(spec=spec, device=device, precision=precision, workload=workload, built=built, model=model,
-                 entry=entry, optimizer=optimizer,
-                 scheduler=make_scheduler(optimizer, spec.schedule, spec.steps, spec.warmup_steps),
-                 scaler=precision.grad_scaler(device), params=[p for p in model.parameters() if p.requires_grad])
+    s = Setup(spec=spec, device=device, precision=precision, workload=workload, built=built, model=model,
+              entry=entry, scaler=precision.grad_scaler(device),
+              params=[p for p in model.parameters() if p.requires_grad])
+    s.install_optimizer(lambda: entry.build_for(model, lr=record.lr, **spec.optimizer_kwargs))
+    return s
 
 
 def evaluate_final(s: Setup, record: Record) -> None:
@@ -114,7 +115,8 @@ def run_trial(spec: TrialSpec) -> Record:
         if spec.parallel != "none" and not torch.distributed.is_initialized():
             raise RuntimeError(f"--parallel {spec.parallel} trials run in a torchrun group: run them through the "
                                "sweep (optbench.sweep.run_sweep) or LocalExecutor, not run_trial")
-        _train_and_measure(spec, record)
+        with measurement_warnings(record):
+            _train_and_measure(spec, record)
         record.status = "ok"
     except Diverged as exc:
         record.status, record.error = "diverged", str(exc)
@@ -123,6 +125,23 @@ def run_trial(spec: TrialSpec) -> Record:
         record.error = f"{type(exc).__name__}: {exc}"
     record.wall_s = time.perf_counter() - start
     return record
+
+
+@contextlib.contextmanager
+def measurement_warnings(record: Record) -> Iterator[None]:
+    """Keep what the probes warned about on the record (each message once), where the sweep that runs the trial
+    in a child process can say it; every other warning is shown as usual."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", measure.MeasurementWarning)
+        try:
+            yield
+        finally:
+            for found in caught:
+                if issubclass(found.category, measure.MeasurementWarning):
+                    record.measurement_warnings = list(dict.fromkeys([*record.measurement_warnings,
+                                                                      str(found.message)]))
+                else:
+                    warnings.showwarning(found.message, found.category, found.filename, found.lineno)
 
 
 def _train_and_measure(spec: TrialSpec, record: Record) -> None:

@@ -44,10 +44,10 @@ class Setup:
     built: Any  # optbench.workloads.Built
     model: torch.nn.Module
     entry: OptimizerSpec
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
     scaler: torch.amp.GradScaler | None = None
     params: list[torch.nn.Parameter] = field(default_factory=list)
+    optimizer: torch.optim.Optimizer = None  # type: ignore[assignment]  # made by install_optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler = None  # type: ignore[assignment]
 
     @property
     def curve_split(self) -> dict[str, torch.Tensor] | None:
@@ -57,14 +57,16 @@ class Setup:
         split = self.built.eval if self.built.eval is not None else self.built.val
         return None if split is None else take(split, slice(0, EVAL_CURVE_ROWS))
 
-    def rebuild_optimizer(self, make: Any) -> None:
-        """Replace the optimizer before any step (a parallel mode wraps or shards it) and re-attach the schedule."""
-        from optbench.probes import measure
+    def install_optimizer(self, make: Callable[[], torch.optim.Optimizer]) -> None:
+        """The one place a trial's optimizer is made (at setup, and again before any step where a parallel mode
+        wraps or shards it): the schedule attached to it, and the test-only slowdown knob applied, a no-op unless
+        set (probes/slowdown.py: its one seam into production code)."""
+        from optbench.probes.slowdown import slow_down_if_asked
         from optbench.trial.schedules import make_scheduler
 
         self.optimizer = make()
         self.scheduler = make_scheduler(self.optimizer, self.spec.schedule, self.spec.steps, self.spec.warmup_steps)
-        measure.slow_down_if_asked(self.optimizer)
+        slow_down_if_asked(self.optimizer)
 
 
 def evaluate(s: Setup, split: dict[str, torch.Tensor]) -> dict[str, float]:

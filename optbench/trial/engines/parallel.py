@@ -71,9 +71,11 @@ def train(s: Setup, record: Record) -> EngineResult:
 
 def _local_bytes(params) -> int:
     """Bytes this rank holds for `params`: a DTensor's local shard, a plain tensor whole."""
+    from torch.distributed.tensor import DTensor
+
     from optbench.probes.measure import unique_tensor_bytes
 
-    return unique_tensor_bytes(getattr(p, "_local_tensor", p) for p in params)
+    return unique_tensor_bytes(p.to_local() if isinstance(p, DTensor) else p for p in params)
 
 
 def _ddp(s: Setup, record: Record) -> None:
@@ -91,7 +93,7 @@ def _zero1(s: Setup, record: Record) -> None:
     _ddp(s, record)
     # The entry's factory as the "optimizer class": ZeRO calls it on each rank's share of the parameters
     # with these defaults, so the registry's own settings (default_kwargs) apply as in a plain trial.
-    s.rebuild_optimizer(lambda: ZeroRedundancyOptimizer(
+    s.install_optimizer(lambda: ZeroRedundancyOptimizer(
         s.params, optimizer_class=s.entry.build, lr=record.lr, **s.spec.optimizer_kwargs))
 
 
@@ -109,7 +111,7 @@ def _fsdp2(s: Setup, record: Record) -> None:
             fully_shard(module, mesh=mesh)
     fully_shard(s.model, mesh=mesh)
     s.params = [p for p in s.model.parameters() if p.requires_grad]
-    s.rebuild_optimizer(lambda: s.entry.build_for(s.model, lr=record.lr, **s.spec.optimizer_kwargs))
+    s.install_optimizer(lambda: s.entry.build_for(s.model, lr=record.lr, **s.spec.optimizer_kwargs))
 
 
 
