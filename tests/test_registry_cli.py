@@ -1,6 +1,7 @@
 """The registry on the command line: `list`, `--optimizers all` and `--optimizer-kwargs`."""
 
 import pytest
+from _tiny import optbench
 
 from optbench import optimizers
 from optbench.cli import main as cli
@@ -62,3 +63,28 @@ def test_malformed_optimizer_kwargs_are_a_usage_error(args, message, capsys):
     assert cli.main(["run", "--workload", "tiny", "--device", "cpu", *args]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("optbench: error:") and message in err[0]
+
+
+def test_explain_opens_with_the_answer_not_with_library_noise():
+    """transformers imports torchao, whose import logs notices about kernels optbench never uses (and torch a
+    deprecation about torchao's enums): a fresh `explain` prints its answer first and nothing on stderr."""
+    done = optbench("explain", "adamw_bnb_8bit")
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    assert done.stdout.splitlines()[0].startswith("adamw8bit_hf on all-MiniLM-L6-v2")
+
+
+def test_only_the_known_messages_are_filtered(caplog):
+    import logging
+
+    from optbench.optimizers.noise import filter_known_noise
+
+    filter_known_noise()
+    torchao = logging.getLogger("torchao")
+    with caplog.at_level(logging.WARNING):
+        torchao.warning("Failed to load /venv/lib/site-packages/torchao/_C_mxfp8.cpython-311-x86_64-linux-gnu.so: x")
+        torchao.warning("Failed to load the quantization config")  # not one of the kernel libraries: kept
+        logging.getLogger("torch.utils._pytree").warning(
+            "%s is an Enum subclass and is now natively supported by torch.compile as an opaque value type.",
+            "<enum 'KernelPreference'>")
+    assert [r.getMessage() for r in caplog.records] == ["Failed to load the quantization config"]

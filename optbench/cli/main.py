@@ -16,6 +16,7 @@ from typing import NoReturn
 from optbench.cli import nightly, report, run, sizing, study
 from optbench.cli.options import UsageError, build_parser
 from optbench.job.planner import PlanError
+from optbench.optimizers.noise import filter_known_noise
 from optbench.records import exits
 from optbench.sweep.runner import ResultsWriteError
 
@@ -44,6 +45,7 @@ def _install_signal_handlers() -> dict[int, object]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    filter_known_noise()  # the user's first lines are the answer, not a library's import-time notices
     previous = _install_signal_handlers()
     try:
         args = build_parser().parse_args(argv)

@@ -244,6 +244,9 @@ def gather(record: Any) -> Any:
 def main(argv: list[str]) -> int:
     """`python -m optbench.sweep.child run SPEC RECORD LOG LAUNCHED_AT` (a spawned trial child) or
     `... rank SPEC RECORD` (each rank of a torchrun group)."""
+    from optbench.optimizers.noise import filter_known_noise
+
+    filter_known_noise()  # before the trial's imports: its log's last lines must be about the trial
     kind, rest = argv[0], argv[1:]
     if kind == "rank":
         return rank_main(rest[0], rest[1])

@@ -15,6 +15,8 @@ from __future__ import annotations
 import os
 import sys
 
+from optbench.optimizers.noise import filter_known_noise
+
 SERVER_ENV = {"TOKENIZERS_PARALLELISM": "false", "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
 
 
@@ -26,3 +28,4 @@ def in_forkserver() -> bool:
 
 if in_forkserver():
     os.environ.update(SERVER_ENV)
+    filter_known_noise()  # the server's stderr is the sweep's: its imports' known notices stay out of it
