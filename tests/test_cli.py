@@ -133,3 +133,25 @@ def test_bad_input_to_the_command_line_process_has_no_traceback(bad_files, args,
     result = optbench(*args, cwd=bad_files)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert result.stderr.strip().splitlines() == [next(line for line in result.stderr.splitlines() if message in line)]
+
+
+def test_a_sweeps_end_summarises_its_records_once(tmp_path, monkeypatch, capsys):
+    """The report files and the terminal's verdicts come from one summary of the results file."""
+    from types import SimpleNamespace
+
+    from _study_fixture import study_records
+
+    from optbench.cli.sweeping import finish
+    from optbench.records.record import append_record
+    from optbench.report import render
+
+    out = tmp_path / "study.jsonl"
+    for record in study_records():
+        append_record(out, record)
+    calls = []
+    summarize = render.summarize
+    monkeypatch.setattr(render, "summarize", lambda *args, **kwargs: calls.append(1) or summarize(*args, **kwargs))
+    finish(SimpleNamespace(no_figures=True, margin=None), out)
+    assert len(calls) == 1
+    printed = capsys.readouterr().out
+    assert (tmp_path / "study" / "report.md").is_file() and "full report: " in printed

@@ -96,17 +96,19 @@ def summary_line(record: Record) -> str:
 def finish(args: argparse.Namespace, out: Path) -> None:
     """The answer where the user looks: the verdict in words and a table that fits the terminal; the full report
     goes to files beside the results, whose paths are printed."""
-    from optbench.report.render import render_terminal, write_report
+    from optbench.report.render import render_terminal, summarize, trials_frame, write_report
 
     everything = load_records([out])
     if not everything:
         return
+    summary = summarize(trials_frame(everything), args.margin)  # once, for the files and the terminal
     report_dir = out.with_suffix("")
     try:
-        _, paths = write_report(everything, report_dir, figures=not args.no_figures, margin=args.margin)
+        _, paths = write_report(everything, report_dir, figures=not args.no_figures, margin=args.margin,
+                                summary=summary)
     except OSError as exc:
         raise UsageError(f"cannot write the report into {report_dir}: {exc.strerror or exc}") from None
-    print(render_terminal(everything, margin=args.margin), end="")
+    print(render_terminal(summary), end="")
     print(f"full report: {paths[0]}")
     print(textwrap.fill(f"beside it: {', '.join(p.name for p in paths[1:])}", width=120, subsequent_indent="  "))
 

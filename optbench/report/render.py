@@ -354,16 +354,17 @@ def _spans_model_sizes(trials: pd.DataFrame) -> bool:
 
 
 def write_report(records: list[Record], out_dir: Path, fmt: str = "md", figures: bool = True,
-                 margin: float | None = None) -> tuple[str, list[Path]]:
+                 margin: float | None = None, summary: pd.DataFrame | None = None) -> tuple[str, list[Path]]:
     """Write report.md, summary.csv and the figures (and report.html for fmt html) into out_dir.
 
     Returns (the report rendered in `fmt`, the paths written); report.md and summary.csv come first.
-    `margin`: the verdicts' margin (summary.summarize).
+    `margin`: the verdicts' margin (summary.summarize); `summary`: the records' summary where the caller has it
+    already (it is not computed twice).
     """
     if fmt not in FORMATS:
         raise ValueError(f"unknown report format '{fmt}'; known: {', '.join(FORMATS)}")
     trials = trials_frame(records)
-    summary = summarize(trials, margin)
+    summary = summarize(trials, margin) if summary is None else summary
     markdown = render_markdown(summary)
     scaling = _spans_model_sizes(trials)
     if scaling:
