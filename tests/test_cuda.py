@@ -21,7 +21,7 @@ from optbench.probes import measure, slowdown
 from optbench.trial.run import run_trial
 
 pytestmark = pytest.mark.cuda
-# cuda:0, not cuda: an in-process trial resolves `cuda` without an index until trial.resolve_device is fixed
+# cuda:0, not cuda: an in-process trial resolves `cuda` without an index until job.devices.resolve_device is fixed
 # (tests/test_cuda_seams.py); the sweep pins each trial's GPU, where `cuda` works.
 JOB = dict(workload="tiny", device="cuda:0", steps=10, warmup_steps=2, batch_size=8, seq_len=32, eval_size=64)
 

@@ -4,6 +4,7 @@ Fakes stand in for the trial where the fault is the harness's (kills, concurrent
 the tiny BERT runs where the fault is the trial's (timeout, out of memory, divergence).
 """
 
+import contextlib
 import errno
 import json
 import os
@@ -311,3 +312,42 @@ def test_a_trial_that_times_out_makes_run_exit_3_with_one_line_naming_it(tmp_pat
     assert err == ([] if extra else ["optbench: 1 trial(s) ended error/timeout: adamw seed 0 (timeout); see the "
                                      "results file (--allow-errors: exit 0)"])
     assert [r.status for r in read_records(out)] == ["timeout"]
+
+
+RANK = """
+import os, subprocess, sys, time
+from optbench.sweep.child import kill_groups_when_gone
+launcher = int(sys.argv[1])
+helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # in the rank's group
+print(helper.pid, flush=True)
+kill_groups_when_gone([launcher], [os.getpgrp()])  # what rank_main does, torchrun's group aside
+time.sleep(60)
+"""
+
+
+def test_a_rank_whose_launcher_is_gone_takes_its_process_group_down(tmp_path):
+    """A torchrun rank runs in a session of its own: when torchrun dies (killed with the sweep's timeout, or by
+    the OOM killer) the rank's watchdog must kill the rank and everything it started, not train on as an orphan."""
+    launcher = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    rank = subprocess.Popen([sys.executable, "-c", RANK, str(launcher.pid)], start_new_session=True,
+                            stdout=subprocess.PIPE, text=True, env=ENV)
+    helper = None
+    try:
+        helper = int(rank.stdout.readline())
+        assert _alive(rank.pid) and _alive(helper)
+        launcher.kill()
+        launcher.wait()
+        assert rank.wait(timeout=30) in (1, -signal.SIGKILL)  # the watchdog's kill, or its own exit after it
+        deadline = time.monotonic() + 10
+        while _alive(helper) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(helper), "the rank's helper outlived the launcher"
+    finally:
+        for pid in (launcher.pid, rank.pid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+        if helper is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(helper, signal.SIGKILL)
+        rank.wait()
+        launcher.wait()

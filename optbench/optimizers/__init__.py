@@ -7,7 +7,8 @@ bytes it *should* hold, parameter by parameter and why (its rule, whose map `opt
 The analytic count is written to match the measured one byte for byte, for fp32 and bf16 parameters,
 so a mismatch in a record points at a real change in a library, not at rounding. One module per
 library family; this package imports none of the optional libraries (nor torch): a missing library
-makes an entry unavailable with a reason instead of breaking the import.
+makes an entry unavailable with a reason instead of breaking the import. `noise.py` keeps the
+optional libraries' known-harmless import notices out of a user's output.
 
 Adding an optimizer: one `OptimizerSpec` in the module of its library family, listed in that module's
 entries; the registry-parametrised tests then check its state byte for byte. May import: nothing else of

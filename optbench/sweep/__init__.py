@@ -3,8 +3,10 @@
 `runner.run_sweep` runs trials up to `--jobs` at a time and appends each record as it lands; an executor
 (`executors.py`: a forkserver or spawned child, a torchrun group, a submitit job) turns one spec into a record
 whatever happens to its process; `child.py` is the bootstrap inside that process (process group, watchdog on the
-sweep, threads, memory cap, record hand-off, the torchrun rank's entry); `devices.py` decides GPUs, threads and
-preloads. Nothing below this layer imports it: the trial itself (optbench/trial/run.py) starts no process.
+sweep, threads, memory cap, record hand-off, the torchrun rank's entry); `server.py` is the forkserver's own
+environment (the sweep's os.environ is never changed; a child is handed its whole environment); `devices.py`
+decides GPUs, threads and preloads; `progress.py` is the one progress printer (the study's too). Nothing below this
+layer imports it: the trial itself (optbench/trial/run.py) starts no process.
 
 Adding an executor: a class with `run(spec, env) -> Record` and `stop()` in `executors.py`. May import: trial,
 memory, workloads, report, job, records, probes, optimizers.

@@ -1,10 +1,11 @@
-"""Engines: the loop that trains a prepared trial (`base.Setup`) and returns its timings.
+"""Engines: the loop that trains a prepared trial (`base.Setup`) and returns what it measured (`base.EngineResult`).
 
-`native` is optbench's own loop, `trainer` runs the trial through Hugging Face `Trainer` and
-`accelerate` through an Accelerate loop (the loops people train with; same optimizer, same state); a
-parallel mode (ddp, zero1, fsdp2: `parallel.py`) wraps the native loop in each rank of a torchrun
-group. What an engine gets and returns is in `base.py`; engines import nothing above them (not the
-trial that calls them, not the process layer that starts the trial).
+`native` is optbench's own loop, `trainer` runs the trial through Hugging Face `Trainer` and `accelerate` through
+an Accelerate loop (the loops people train with; same optimizer, same state); a parallel mode (ddp, zero1, fsdp2:
+`parallel.py`) wraps the native loop in each rank of a torchrun group. The native loop's steps are in `loop.py`;
+each engine picks its own `--resume-check` (`resume.py`, or `trainer_resume.py` under Trainer) and returns it. What
+an engine gets and returns is in `base.py`; engines import nothing above them (not the trial that calls them, not
+the process layer that starts the trial).
 """
 
 from __future__ import annotations
