@@ -92,3 +92,24 @@ def test_a_child_is_handed_the_sweeps_environment_its_settings_and_then_its_slot
                    "OPTBENCH_SWEEP_PID": str(os.getpid()), "OPTBENCH_PROGRESS": "1"}
     assert "OPTBENCH_PROGRESS" not in child_environment(base, {}, echo=False)
     assert base["CUDA_VISIBLE_DEVICES"] == "3,4"  # the base is read, never changed
+
+
+def test_the_forkserver_sets_its_own_environment_and_leaves_the_sweeps_alone():
+    """The forkserver's first preload (sweep/server.py) sets what its libraries read at import: the CUDA check
+    through NVML and tokenizers without a pool. Checked in a fresh interpreter (the forkserver is one per
+    process): a forkserver worker sees both, the starting process neither."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import multiprocessing as mp, os\n"
+            "ctx = mp.get_context('forkserver')\n"
+            "ctx.set_forkserver_preload(['optbench.sweep.server'])\n"
+            "with ctx.Pool(1) as pool:\n"
+            "    print(*pool.map(os.getenv, ['PYTORCH_NVML_BASED_CUDA_CHECK', 'TOKENIZERS_PARALLELISM']))\n"
+            "print(os.getenv('PYTORCH_NVML_BASED_CUDA_CHECK'), os.getenv('TOKENIZERS_PARALLELISM'))\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTORCH_NVML_BASED_CUDA_CHECK", "TOKENIZERS_PARALLELISM")}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["1 false", "None None"]
