@@ -56,9 +56,11 @@ def test_trial_fills_the_record(name):
 def test_speed_figures_from_known_times():
     """Hand-worked: steps of 0.4-0.6 s at batch 16, optimizer steps of 2-4 ms moving 28 MB against 14 GB/s."""
     from optbench.records.record import Record
+    from optbench.trial.describe import describe_bandwidth
 
-    record = Record(batch_size=16, optimizer_step_traffic_bytes=28_000_000, device_bandwidth_bytes_per_s=14e9)
+    record = Record(batch_size=16, optimizer_step_traffic_bytes=28_000_000)
     measure.describe_speed(record, [0.5, 0.4, 0.6, 0.5], [0.004, 0.002, 0.003])
+    describe_bandwidth(record, [13e9, 14e9, 15e9])  # the triad's samples: their median is the ceiling
     assert record.step_time_median_s == 0.5 and record.step_time_iqr_s == pytest.approx(0.05)  # 0.525 - 0.475
     assert record.optimizer_step_median_s == 0.003 and record.optimizer_step_iqr_s == pytest.approx(0.001)
     assert record.samples_per_s == pytest.approx(32.0)
