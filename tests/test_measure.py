@@ -132,7 +132,8 @@ class _FakeDevice:
 def test_injected_slowdown_is_proportional_to_the_steps_device_time(monkeypatch):
     device, slept = _FakeDevice(), []
     monkeypatch.setattr(timing, "synchronize", device.synchronize)
-    monkeypatch.setattr(timing, "time", SimpleNamespace(perf_counter=lambda: device.now, sleep=slept.append))
+    monkeypatch.setattr(timing, "time", SimpleNamespace(perf_counter=lambda: device.now))  # the clock
+    monkeypatch.setattr(slowdown, "time", SimpleNamespace(sleep=slept.append))  # the knob's sleep
     monkeypatch.setenv(slowdown.SLOWDOWN_ENV, "0.5")
     param = torch.nn.Parameter(torch.ones(2))
     optimizer = torch.optim.SGD([param], lr=0.1)

@@ -203,7 +203,7 @@ E2E = os.environ.get("OPTBENCH_NIGHTLY_E2E") == "1"
 def test_three_nights_on_cpu(tmp_path, monkeypatch, capsys):
     """Night 1 writes the baseline, night 2 (same code) is clean, night 3 (optimizer.step made 4x slower
     by the test knob) is red, names the optimizer, the metric and the change, and keeps the baseline."""
-    monkeypatch.chdir(Path(nightly.__file__).parents[1])
+    monkeypatch.chdir(Path(nightly.__file__).parents[2])
     # Night 2 tests the baseline machinery, not this machine's noise: a shared CI box can shift a whole run by
     # more than the calibrated 25 % and a tiny model's RSS peak by +36 MiB; night 3 is 4x slower.
     quick = ["--workload", "tiny", "--optimizers", "adamw,adafactor", "--max-slowdown", "100",

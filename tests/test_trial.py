@@ -113,3 +113,22 @@ def test_what_the_probes_could_not_measure_is_kept_on_the_record_once(monkeypatc
     cache, rss = record.measurement_warnings  # the bandwidth probe ran twice, the peaks were reset several times
     assert cache.startswith(f"the CPU's cache sizes could not be read from {tmp_path}")
     assert rss.startswith("the peak RSS could not be reset")
+
+
+def test_a_librarys_own_warning_during_a_trial_is_shown_once_and_not_kept_on_the_record(monkeypatch):
+    """Only the probes' warnings travel on the record; a library's (GaLore's FutureWarning, say) is shown as
+    usual, once, and the trial goes on (re-showing it inside the catching block caught it again, forever)."""
+    import warnings
+
+    triad = measure.triad_bandwidth_samples
+
+    def warning_triad(device, samples):
+        warnings.warn("a library's notice", UserWarning, stacklevel=2)
+        return triad(device, samples)
+
+    monkeypatch.setattr(measure, "triad_bandwidth_samples", warning_triad)
+    with pytest.warns(UserWarning, match="a library's notice") as shown:
+        record = run_trial(TrialSpec(optimizer="adamw", **TINY))
+    assert record.status == "ok", record.error
+    assert record.measurement_warnings == []
+    assert len([w for w in shown if "a library's notice" in str(w.message)]) == 2  # one per call: shown, not looped

@@ -1,8 +1,8 @@
 """The one progress printer of every sweep and of the study: one plain line per finished trial (no carriage
-returns, so a log file reads it as a terminal does), `[i/N] optimizer [stage lr=...] seed=S status [scores] in
-12s; ETA 3m05s`, the ETA from the trials that ran (not those found already recorded, nor those that cannot run
-here). A warning a trial's probes raised (`Record.measurement_warnings`) is printed once per sweep, however many
-trials raise it."""
+returns, so a log file reads it as a terminal does), `[i/N] optimizer [stage lr=...] seed=S status in 12s
+[(val 0.81, eval 0.80)]; ETA 3m05s`, the ETA from the trials that ran (not those found already recorded, nor
+those that cannot run here). A warning a trial's probes raised (`Record.measurement_warnings`) is printed once
+per sweep, however many trials raise it."""
 
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ def _duration(seconds: float) -> str:
 def _scores(record: Record) -> str:
     """The validation and eval values of the workload's target metric, where the trial has them."""
     values = (("val", record.val_metric), ("eval", (record.eval_metrics or {}).get(record.target_metric)))
-    return "".join(f" {split} {value:.4g}" for split, value in values if isinstance(value, float))
+    scores = ", ".join(f"{split} {value:.4g}" for split, value in values if isinstance(value, float))
+    return f" ({scores})" if scores else ""
 
 
 class Progress:
@@ -47,7 +48,7 @@ class Progress:
         if resumed:
             self.show(f"{head} already ok; {eta}")
         else:
-            self.show(f"{head} {record.status}{_scores(record)} in {_duration(record.wall_s or 0.0)}; {eta}")
+            self.show(f"{head} {record.status} in {_duration(record.wall_s or 0.0)}{_scores(record)}; {eta}")
         for text in record.measurement_warnings:
             if text not in self.warned:
                 self.warned.add(text)

@@ -131,17 +131,17 @@ def run_trial(spec: TrialSpec) -> Record:
 def measurement_warnings(record: Record) -> Iterator[None]:
     """Keep what the probes warned about on the record (each message once), where the sweep that runs the trial
     in a child process can say it; every other warning is shown as usual."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", measure.MeasurementWarning)
-        try:
+    caught: list[warnings.WarningMessage] = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", measure.MeasurementWarning)
             yield
-        finally:
-            for found in caught:
-                if issubclass(found.category, measure.MeasurementWarning):
-                    record.measurement_warnings = list(dict.fromkeys([*record.measurement_warnings,
-                                                                      str(found.message)]))
-                else:
-                    warnings.showwarning(found.message, found.category, found.filename, found.lineno)
+    finally:  # outside the catching block: a warning shown again here must not be caught again
+        for found in caught:
+            if issubclass(found.category, measure.MeasurementWarning):
+                record.measurement_warnings = list(dict.fromkeys([*record.measurement_warnings, str(found.message)]))
+            else:
+                warnings.showwarning(found.message, found.category, found.filename, found.lineno)
 
 
 def _train_and_measure(spec: TrialSpec, record: Record) -> None:
