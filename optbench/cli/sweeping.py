@@ -26,6 +26,7 @@ def sweep(args: argparse.Namespace, plan, out: Path) -> list[Record]:
     """Check the inputs and the results file, record what cannot run here, run the rest; returns the new records."""
     from optbench.records.record import check_writable
     from optbench.sweep import run_sweep
+    from optbench.sweep.devices import DeviceError
     from optbench.sweep.runner import record_skipped
 
     specs = plan.specs or [spec for spec, _ in plan.unavailable]
@@ -38,7 +39,10 @@ def sweep(args: argparse.Namespace, plan, out: Path) -> list[Record]:
     chosen = executor(args, plan.specs, out)
     skipped = [record_skipped(spec, reason, out, show) for spec, reason in plan.unavailable]
     print(f"optbench: {len(plan.specs) + len(skipped)} trials -> {out}", file=sys.stderr)
-    return skipped + run_sweep(plan.specs, out, on_record=show, jobs=args.jobs, executor=chosen)
+    try:
+        return skipped + run_sweep(plan.specs, out, on_record=show, jobs=args.jobs, executor=chosen)
+    except DeviceError as exc:  # a cuda:N outside the GPUs this process may use
+        raise UsageError(str(exc)) from None
 
 
 def executor(args: argparse.Namespace, specs: list, out: Path):

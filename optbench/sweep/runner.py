@@ -21,7 +21,15 @@ from typing import TextIO
 
 from optbench.job.spec import TrialSpec
 from optbench.records.record import Record, append_record, completed_trial_ids
-from optbench.sweep.devices import cuda_device_count, gpu_slots, trial_environment, visible_gpus, wants_cuda
+from optbench.sweep.devices import (
+    GpuLocks,
+    check_devices,
+    cuda_device_count,
+    gpu_slots,
+    trial_environment,
+    visible_gpus,
+    wants_cuda,
+)
 from optbench.sweep.executors import Executor, FunctionExecutor, LocalExecutor
 
 
@@ -98,7 +106,9 @@ def run_sweep(specs: list[TrialSpec], out_path: Path, run_id: str | None = None,
     if executor is None:
         executor = FunctionExecutor(run_trial) if run_trial is not None else LocalExecutor()
     gpus = cuda_device_count() if any(s.device != "cpu" for s in pending) else 0
+    check_devices((s.device for s in pending), visible_gpus(os.environ, gpus))  # before any trial starts
     slots = slot_count(pending, jobs, gpus)
+    gpu_locks = GpuLocks()
     free: queue.SimpleQueue[int] = queue.SimpleQueue()
     for slot in range(slots):
         free.put(slot)
@@ -106,7 +116,9 @@ def run_sweep(specs: list[TrialSpec], out_path: Path, run_id: str | None = None,
     def in_slot(spec: TrialSpec) -> Record:
         slot = free.get()
         try:
-            return executor.run(spec, slot_environment(spec, slot, slots, gpus))
+            environment = slot_environment(spec, slot, slots, gpus)
+            with gpu_locks.hold(environment):  # a pinned cuda:N waits for GPU N, whatever its slot
+                return executor.run(spec, environment)
         finally:
             free.put(slot)
 
