@@ -299,7 +299,7 @@ def cuda_room_bytes(device: torch.device) -> int:
     """What torch's allocator can still get on `device`: the driver's free memory, and no more than the
     per-process cap (`set_per_process_memory_fraction`) leaves beyond what the allocator already reserved."""
     free, total = torch.cuda.mem_get_info(device)
-    fraction = torch.cuda.get_per_process_memory_fraction(device)  # torch >= 2.6 (the floor is newer)
+    fraction = torch.cuda.get_per_process_memory_fraction(device)  # absent in torch 2.5: the floor is 2.11
     return room_bytes(free, total, fraction, torch.cuda.memory_reserved(device))
 
 
