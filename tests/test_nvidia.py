@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+from importlib import metadata
 
 import pytest
 import torch
@@ -82,7 +83,7 @@ def test_a_night_refuses_a_busy_gpu_and_stamps_an_idle_one(monkeypatch):
         nightly.night_environment("cuda", fake_smi(f"{UUID0}, 4242, python, 1024\n"))
     env = nightly.night_environment("cuda:1", fake_smi())
     assert env["gpu"] == "NVIDIA H200" and env["gpu_clock_sm_mhz"] == 1980 and env["gpu_driver"] == "580.159.04"
-    assert env["torch"] == torch.__version__ and env["gpus_visible"] == 2
+    assert env["torch"] == metadata.version("torch") and env["gpus_visible"] == 2
     assert "gpu_driver" not in nightly.night_environment("cpu", fake_smi())
 
 
