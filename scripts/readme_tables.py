@@ -24,6 +24,9 @@ import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))  # readme_gpu beside this file
+
+from readme_gpu import gpu_section  # noqa: E402
 
 from optbench.records.record import Record, read_records  # noqa: E402
 from optbench.report import render as report  # noqa: E402
@@ -276,6 +279,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "memory-split": memory_split,
     "scaling": scaling_tables,
     "gate": gate_table,
+    "gpu": lambda: gpu_section(ROOT / "results"),
 }
 VALUES: dict[str, Callable[[], str]] = {
     "commit": lambda: commit(*ALL),

@@ -79,7 +79,7 @@ CASES = [
     (FIT + ["--workload", "nosuch"], "unknown workload 'nosuch'; known: minilm"),
     (FIT + ["--device", "tpu"], "unknown device 'tpu'; use auto, cpu, cuda or cuda:N"),
     # nightly: a missing baseline flag, a preset or optimizer that does not exist, not run from the repository
-    (NIGHT[:1] + NIGHT[3:], "the following arguments are required: --baseline"),
+    (NIGHT[:1] + NIGHT[3:], "nightly needs --baseline"),
     (NIGHT + ["--preset", "huge"], "--preset: invalid choice"),
     (NIGHT + ["--optimizers", "nosuch"], "unknown optimizer 'nosuch'"),
     (NIGHT, "no benchmarks/ here: run `optbench nightly` from the repository root"),

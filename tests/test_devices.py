@@ -1,7 +1,16 @@
 """Which GPUs, threads and preloads each trial process gets (optbench/sweep/devices.py): the device logic of the
 CUDA path, as plain functions, so that it is tested here although this machine has no GPU."""
 
+import threading
+import time
+
+import pytest
+
+from optbench.job.spec import TrialSpec
+from optbench.records.record import Record
 from optbench.sweep.devices import (
+    DeviceError,
+    check_devices,
     gpu_slots,
     node_environment,
     preload_modules,
@@ -33,7 +42,58 @@ def test_no_gpu_or_cpu_trials_share_the_threads_instead():
     assert trial_environment("auto", 1, 0, [], 1, 8) == {}
     assert trial_environment("auto", 1, 2, [], 3, 8) == {"OPTBENCH_TORCH_THREADS": "2", "OMP_NUM_THREADS": "2"}
     assert trial_environment("cpu", 1, 0, ["0", "1"], 2, 2)["OPTBENCH_TORCH_THREADS"] == "1"
-    assert "CUDA_VISIBLE_DEVICES" not in trial_environment("cpu", 1, 0, ["0"], 1, 2)
+
+def test_a_cpu_trial_sees_no_gpu():
+    """bitsandbytes asks every GPU's capability when imported: a CPU trial would make a CUDA context."""
+    assert trial_environment("cpu", 1, 0, ["0"], 1, 2) == {"CUDA_VISIBLE_DEVICES": ""}
+    assert trial_environment("cpu", 1, 0, [], 1, 2) == {"CUDA_VISIBLE_DEVICES": ""}  # GPUs never counted
+    assert trial_environment("cpu", 1, 1, ["0", "1"], 2, 8)["CUDA_VISIBLE_DEVICES"] == ""
+    assert trial_environment("auto", 1, 0, [], 1, 8) == {}  # auto on a machine without GPUs: nothing to hide
+
+
+def test_an_index_past_the_mask_is_refused_not_passed_on_raw():
+    with pytest.raises(DeviceError, match=r"only 2 GPU\(s\) are visible.*entries 5,7.*cuda:0 to cuda:1"):
+        trial_environment("cuda:2", 1, 0, ["5", "7"], 1, 16)
+    with pytest.raises(DeviceError, match="no GPU is visible"):
+        check_devices(["cpu", "cuda:0"], [])
+    check_devices(["cpu", "cuda", "cuda:1"], ["5", "7"])  # every index inside the mask: no error
+
+
+class _OnePerGpu:
+    """An executor that records, per GPU mask, how many trials ran at once."""
+
+    def __init__(self) -> None:
+        self.running: dict[str, int] = {}
+        self.most: dict[str, int] = {}
+        self.lock = threading.Lock()
+
+    def run(self, spec, env):
+        gpu = env.get("CUDA_VISIBLE_DEVICES", "")
+        with self.lock:
+            self.running[gpu] = self.running.get(gpu, 0) + 1
+            self.most[gpu] = max(self.most.get(gpu, 0), self.running[gpu])
+        time.sleep(0.2)
+        with self.lock:
+            self.running[gpu] -= 1
+        return Record(trial_id=spec.trial_id, optimizer=spec.optimizer, seed=spec.seed, status="ok")
+
+    def stop(self) -> None:
+        pass
+
+
+def test_a_pinned_gpu_runs_one_trial_at_a_time_whatever_jobs_says(tmp_path, monkeypatch):
+    from optbench.sweep import runner
+
+    monkeypatch.setattr(runner, "cuda_device_count", lambda: 2)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    specs = [TrialSpec(optimizer="adamw", device="cuda:1", seed=seed, workload="tiny") for seed in range(4)]
+    executor = _OnePerGpu()
+    records = runner.run_sweep(specs, tmp_path / "r.jsonl", jobs=4, executor=executor, progress=None)
+    assert len(records) == 4 and executor.most == {"1": 1}
+    with pytest.raises(DeviceError):  # refused before any trial starts
+        runner.run_sweep([TrialSpec(optimizer="adamw", device="cuda:2", workload="tiny")], tmp_path / "s.jsonl",
+                         executor=_OnePerGpu(), progress=None)
+    assert not (tmp_path / "s.jsonl").exists()
 
 
 def test_slots_never_put_two_trials_on_one_gpu():

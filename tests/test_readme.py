@@ -6,6 +6,9 @@ import re
 import sys
 from pathlib import Path
 
+from optbench.probes import HOST_SYNCED
+from optbench.records.record import append_record, read_records
+
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = importlib.util.spec_from_file_location("readme_tables", ROOT / "scripts" / "readme_tables.py")
 readme_tables = importlib.util.module_from_spec(SPEC)
@@ -35,3 +38,26 @@ def test_every_block_names_a_renderer():
     known = {("table", n) for n in readme_tables.TABLES} | {("value", n) for n in readme_tables.VALUES}
     assert names <= known, sorted(names - known)
     assert ("table", "default") in names and ("table", "study") in names
+
+
+def test_a_gpu_folder_renders_its_own_section(tmp_path):
+    """What scripts/gpu-check writes (here: the CPU records restamped as if timed on a GPU) becomes a README part,
+    with bitsandbytes' host-synced step named beside its roofline; no GPU folder: a line saying how to make one."""
+    from readme_gpu import NONE_YET, gpu_section
+
+    (tmp_path / "cpu-2core").mkdir()
+    (tmp_path / "cpu-2core" / "lm.jsonl").write_text("")  # the CPU machines' folders are not GPU sections
+    assert gpu_section(tmp_path) == NONE_YET
+    gpu = tmp_path / "nvidia-h200"
+    gpu.mkdir()
+    for name in ("smoke-all.jsonl", "lm.jsonl"):
+        for record in read_records(ROOT / "results" / "cpu-2core" / name):
+            record.device, record.device_name = "cuda:0", "NVIDIA H200"
+            record.env = {**record.env, "gpu": "NVIDIA H200", "gpu_driver": "580.159.04", "cuda": "13.0"}
+            if record.optimizer == "adamw8bit" and name == "lm.jsonl":
+                record.optimizer_impl, record.roofline_fraction = HOST_SYNCED, 0.05
+            append_record(gpu / name, record)
+    text = gpu_section(tmp_path)
+    assert text.startswith("#### `results/nvidia-h200/`: NVIDIA H200, driver 580.159.04, torch ")
+    assert text.count("| optimizer ") == 2 and text.count("roofline %") >= 3 and "galore_adamw " in text
+    assert f"`{HOST_SYNCED}`: bitsandbytes synchronises the GPU after every parameter" in text

@@ -36,7 +36,8 @@ def test_triggers_and_one_night_at_a_time(workflow):
     triggers = workflow.get("on", workflow.get(True))  # YAML 1.1 reads a bare `on` key as True
     assert triggers["schedule"][0]["cron"].count(" ") == 4
     assert "workflow_dispatch" in triggers
-    assert workflow["concurrency"]["group"] and workflow["concurrency"]["cancel-in-progress"] is False
+    # one group for the whole repository: two branches' nights on one GPU would time each other
+    assert workflow["concurrency"]["group"] == "nightly-gpu" and workflow["concurrency"]["cancel-in-progress"] is False
     assert workflow["permissions"] == {"contents": "read"}
 
 
@@ -77,8 +78,8 @@ def test_the_night_is_one_optbench_nightly_command_the_cli_parses(workflow, job,
     from optbench.cli.options import build_parser
 
     runs = [step for step in job["steps"] if "run" in step]
-    assert len(runs) == 2 and "pip install" in runs[0]["run"]
-    night = runs[1]
+    assert len(runs) == 4 and "pip install" in runs[0]["run"] and "-m cuda" in runs[1]["run"]
+    night = _night_step(job)
     assert "if" not in night and "continue-on-error" not in night  # a red night fails the job
     env = {**os.environ, **workflow["env"], "ACCEPT": "--accept" if accept else ""}
     _stub(tmp_path / env["VENV"] / "bin" / "python", f'printf "%s\\n" "$@" > "{tmp_path}/argv"\n')
@@ -119,7 +120,7 @@ def test_install_keeps_the_runners_cuda_torch_and_stops_without_one(workflow, jo
     constraint = runner_temp / "torch-constraint.txt"
     assert constraint.read_text().strip() == "torch==2.5.1+cu124"
     assert (tmp_path / "pip").read_text().split() == ["-m", "pip", "install", "--constraint", str(constraint), "-e",
-                                                      ".[dev]"]
+                                                      ".[dev,all]"]  # the optional optimizers on the GPU too
 
 
 def _tool(name: str) -> str:
@@ -141,12 +142,34 @@ def test_the_workflow_lints_clean(argv):
 def test_baseline_restored_before_and_saved_only_after_a_clean_night(job, workflow):
     steps = job["steps"]
     restore, save = _step(job, "actions/cache/restore@"), _step(job, "actions/cache/save@")
-    night = next(step for step in steps if "optbench nightly" in step.get("run", ""))
-    assert steps.index(restore) < steps.index(night) < steps.index(save)
+    night = _night_step(job)
+    preflight = next(step for step in steps if step.get("id") == "preflight")
+    assert steps.index(preflight) < steps.index(restore) < steps.index(night) < steps.index(save)
+    assert "${{ steps.preflight.outputs.key }}" in restore["with"]["restore-keys"]  # GPU, driver and torch
     assert save["if"] == "success()"
     assert restore["with"]["path"] == save["with"]["path"] == "${{ env.BASELINE_DIR }}"
     assert save["with"]["key"] == restore["with"]["key"]  # a fresh key per run; restore-keys finds the latest
     assert save["with"]["key"].startswith(restore["with"]["restore-keys"])
+
+
+def _night_step(job) -> dict:
+    return next(step for step in job["steps"] if "--preset nightly" in step.get("run", ""))
+
+
+def test_the_preflight_writes_the_baseline_key_the_cli_prints(workflow, job, tmp_path):
+    """The pre-flight step run in bash with the venv's python stubbed: its argv is optbench's own
+    `nightly --print-baseline-key`, and what it prints becomes the step's `key` output."""
+    from optbench.cli.options import build_parser
+
+    step = next(step for step in job["steps"] if step.get("id") == "preflight")
+    env = {**os.environ, **workflow["env"], "GITHUB_OUTPUT": str(tmp_path / "output")}
+    _stub(tmp_path / env["VENV"] / "bin" / "python",
+          f'printf "%s\\n" "$@" > "{tmp_path}/argv"\necho nvidia-h200_driver-580.159.04_torch-2.11.0\n')
+    result = _bash_step(step["run"], tmp_path, env)
+    assert result.returncode == 0, result.stderr
+    args = build_parser().parse_args((tmp_path / "argv").read_text().splitlines()[2:])
+    assert (args.command, args.device, args.print_baseline_key) == ("nightly", "cuda", True)
+    assert (tmp_path / "output").read_text() == "key=nvidia-h200_driver-580.159.04_torch-2.11.0\n"
 
 
 def test_the_night_is_uploaded_even_when_red(job):

@@ -8,7 +8,7 @@ import sys
 
 from optbench.cli.options import UsageError, job_argv
 from optbench.cli.report import with_overrides
-from optbench.records import exits
+from optbench.records import exits, nvidia
 
 
 def nightly_command(args: argparse.Namespace) -> int:
@@ -16,6 +16,15 @@ def nightly_command(args: argparse.Namespace) -> int:
     from optbench.report.compare import thresholds_for
     from optbench.workflows import nightly
 
+    if args.print_baseline_key:
+        try:
+            print(nvidia.baseline_key(nightly.night_environment(args.device)))
+        except nightly.NightlyError as exc:
+            raise UsageError(str(exc)) from None
+        return exits.OK
+    missing = [flag for flag, value in (("--baseline", args.baseline), ("--out", args.out)) if value is None]
+    if missing:
+        raise UsageError(f"nightly needs {' and '.join(missing)} (or --print-baseline-key alone)")
     names = tuple(planner.resolve_names(args.optimizers)) if args.optimizers else ()
     limits = with_overrides(thresholds_for(args.device), args)
     config = nightly.NightConfig(device=args.device, preset=args.preset, baseline=args.baseline, out=args.out,

@@ -298,9 +298,12 @@ def _add_compare_parsers(commands) -> None:
                                                   "BASELINE (rotated only when clean); exit 1 on a regression")
     nightly.add_argument("--preset", choices=["smoke", "nightly"], default="nightly",
                          help="size of the sweep and of the benchmark suite (default nightly)")
-    nightly.add_argument("--baseline", type=Path, required=True,
-                         help="folder with the last clean night; empty or absent: this night becomes it")
-    nightly.add_argument("--out", type=Path, required=True, help="folder for this night's results and summary.md")
+    nightly.add_argument("--baseline", type=Path,
+                         help="folder with the last clean night; empty or absent: this night becomes it (required)")
+    nightly.add_argument("--out", type=Path, help="folder for this night's results and summary.md (required)")
+    nightly.add_argument("--print-baseline-key", action="store_true",
+                         help="print what a baseline is valid for (GPU or CPU model, driver, torch) and exit; the "
+                              "workflow keys its cached baseline by it")
     nightly.add_argument("--optimizers", type=name_list,
                          help="a subset (default: the sweep's set, the whole suite)")
     nightly.add_argument("--accept", action="store_true",

@@ -26,6 +26,7 @@ def sweep(args: argparse.Namespace, plan, out: Path) -> list[Record]:
     """Check the inputs and the results file, record what cannot run here, run the rest; returns the new records."""
     from optbench.records.record import check_writable
     from optbench.sweep import run_sweep
+    from optbench.sweep.devices import DeviceError
 
     specs = plan.specs or [spec for spec, _ in plan.unavailable]
     check_inputs(specs[0])
@@ -36,7 +37,10 @@ def sweep(args: argparse.Namespace, plan, out: Path) -> list[Record]:
             from None
     chosen = executor(args, plan.specs, out)
     print(f"optbench: {len(plan.specs) + len(plan.unavailable)} trials -> {out}", file=sys.stderr)
-    return run_sweep(plan.specs, out, on_record=show, jobs=args.jobs, executor=chosen, skipped=plan.unavailable)
+    try:
+        return run_sweep(plan.specs, out, on_record=show, jobs=args.jobs, executor=chosen, skipped=plan.unavailable)
+    except DeviceError as exc:  # a cuda:N outside the GPUs this process may use
+        raise UsageError(str(exc)) from None
 
 
 def executor(args: argparse.Namespace, specs: list, out: Path):

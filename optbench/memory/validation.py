@@ -129,7 +129,7 @@ def error_band(table: Any, device: str = "cpu", table_path: str = "", calibrated
     """The held-out rows' median and worst |error|, the worst under-prediction and the share under; of the
     predictor as calibrated, or (`calibrated=False`) of the uncalibrated one each model would get without
     its own calibration."""
-    held = table[(table["held_out"]) & (table["device"] == device)]
+    held = table[(table["held_out"]) & (table["device"] == device)] if "held_out" in table else table  # none usable
     if held.empty:
         raise CalibrationError(f"no held-out {device} trial to measure the predictor's error on")
     errors = held["error_pct" if calibrated else "uncalibrated_error_pct"] / 100

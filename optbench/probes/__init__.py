@@ -9,3 +9,8 @@ holds it in optbench/records/record.py.
 
 May import: nothing else of optbench (torch only).
 """
+
+# `optimizer_impl` of a step that calls torch.cuda.synchronize() after every parameter (bitsandbytes'
+# Optimizer8bit.step): the host waits out each kernel before it launches the next, so the step is host-serialised
+# and its roofline share is bound by launches and waits. Here, torch-free, so that the report can name it.
+HOST_SYNCED = "per-parameter, host-synced"

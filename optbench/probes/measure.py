@@ -16,7 +16,9 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import functools
 import gc
+import math
 import statistics
 import warnings
 from collections.abc import Iterable, Iterator
@@ -24,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from optbench.probes import HOST_SYNCED
 
 # Clocks and step timing live in optbench/probes/timing.py; these stay importable from here for their callers.
 from optbench.probes.timing import StepTimer, clock, synchronize  # noqa: F401
@@ -207,6 +211,7 @@ class MemoryWindow:
             yield
         finally:
             release_freed_memory()
+            drop_cuda_cache(self.device)  # else the body's cached blocks become the reserved peak's new floor
             reset_peaks(self.device)
             used_after = device_used_bytes(self.device)
             if used_before is not None and used_after is not None:
@@ -222,6 +227,14 @@ class MemoryWindow:
         self.sample_device_used()
         if self.device_used_peak_bytes is not None and self.device_used_baseline_bytes is not None:
             record.peak_device_used_growth_bytes = self.device_used_peak_bytes - self.device_used_baseline_bytes
+
+
+def drop_cuda_cache(device: torch.device) -> None:
+    """Hand torch's cached, unused CUDA blocks back to the driver. A peak reset restarts the reserved peak at what
+    is reserved now: blocks an evaluation cached would otherwise count as training's reserved memory."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
 
 
 def device_used_bytes(device: torch.device) -> int | None:
@@ -306,8 +319,44 @@ def cuda_room_bytes(device: torch.device) -> int:
     """What torch's allocator can still get on `device`: the driver's free memory, and no more than the
     per-process cap (`set_per_process_memory_fraction`) leaves beyond what the allocator already reserved."""
     free, total = torch.cuda.mem_get_info(device)
-    capped = int(torch.cuda.get_per_process_memory_fraction(device) * total) - torch.cuda.memory_reserved(device)
-    return min(free, capped)
+    fraction = torch.cuda.get_per_process_memory_fraction(device)  # absent in torch 2.5: the floor is 2.11
+    return room_bytes(free, total, fraction, torch.cuda.memory_reserved(device))
+
+
+def room_bytes(free_bytes: int, total_bytes: int, fraction: float, reserved_bytes: int) -> int:
+    """The driver's free memory, but no more than the cap (`fraction` of the GPU) leaves beyond what is reserved."""
+    return max(0, min(free_bytes, int(fraction * total_bytes) - reserved_bytes))
+
+
+# The SM clock of an idle GPU sits far below its boost clock (an H200 idles at 345 MHz and boosts to 1980 MHz),
+# and a triad pass over 512 MiB lasts a fraction of a millisecond: passes timed before the clock ramps read low,
+# and the roofline share computed against them reads high. Sustained work first brings the clock up.
+CUDA_WARM_UP_S = 0.25
+MOST_WARM_UP_PASSES = 5000
+
+
+def warm_up_pass_count(pass_s: float, warm_up_s: float = CUDA_WARM_UP_S, most: int = MOST_WARM_UP_PASSES) -> int:
+    """Back-to-back passes that keep the device busy for `warm_up_s`, from one pass's time (timed cold, so the
+    count errs high); at least one, at most `most`."""
+    if pass_s <= 0:
+        return most
+    return max(1, min(most, math.ceil(warm_up_s / pass_s)))
+
+
+def warm_up_clocks(device: torch.device, work: Any, warm_up_s: float = CUDA_WARM_UP_S) -> int:
+    """Run `work` (a callable launching one pass) back to back until the device was busy for about `warm_up_s`;
+    returns the passes run. On CPU nothing: a CPU pass is long and one untimed pass warms it."""
+    if device.type != "cuda":
+        return 0
+    timer = StepTimer(device)
+    timer.mark("start")
+    work()
+    timer.mark("end")
+    passes = warm_up_pass_count(timer.seconds("start", "end"), warm_up_s)
+    for _ in range(passes):
+        work()
+    synchronize(device)
+    return passes + 1
 
 
 def triad_bandwidth_samples(device: torch.device, samples: int = 5) -> list[float]:
@@ -322,6 +371,7 @@ def triad_bandwidth_samples(device: torch.device, samples: int = 5) -> list[floa
     a = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
     b = torch.full_like(a, 1e-3)
     a.add_(b, alpha=0.5)  # untimed: pages the buffers in, warms the kernel
+    warm_up_clocks(device, functools.partial(a.add_, b, alpha=0.5))  # CUDA: the SM clock up from idle first
     times = []
     for _ in range(samples):
         timer = StepTimer(device)
@@ -338,11 +388,15 @@ def triad_bandwidth_samples(device: torch.device, samples: int = 5) -> list[floa
 
 def optimizer_impl(optimizer: Any) -> str | None:
     """What torch runs for a torch.optim optimizer here: `fused`, `foreach` or `per-tensor loop` (torch decides
-    foreach at step time, and on CPU it has no foreach kernels); None for another library's optimizer. An
-    optimizer made of parts (Muon + AdamW) lists each distinct implementation."""
+    foreach at step time, and on CPU it has no foreach kernels); for bitsandbytes' optimizers (GaLore's 8-bit one
+    too) `per-parameter`, on CUDA HOST_SYNCED; None for another library's optimizer. An optimizer made of parts
+    (Muon + AdamW) lists each distinct implementation."""
     parts = getattr(optimizer, "parts", None)
     if parts:
         return " + ".join(dict.fromkeys(i for i in map(optimizer_impl, parts) if i)) or None
+    if any(cls.__module__.startswith("bitsandbytes.optim") for cls in type(optimizer).__mro__):
+        on_cuda = any(p.device.type == "cuda" for g in optimizer.param_groups for p in g["params"])
+        return HOST_SYNCED if on_cuda else "per-parameter"  # Optimizer8bit.step syncs after each parameter
     if not any(cls.__module__.startswith("torch.optim") for cls in type(optimizer).__mro__[:-2]):
         return None
     group = optimizer.param_groups[0]

@@ -16,12 +16,14 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from optbench.records import nvidia
+
 # Environment-stamp keys that change what a number means: the benchmarks add them to pytest-benchmark's
 # machine_info (which has the CPU already), and `compare` warns when two runs differ in any of them.
 # Hardware (the CPU's family/model/stepping and the kernel set torch dispatches to, which changes
 # floating-point results), libraries and threads.
-MACHINE_KEYS = ("gpu", "cuda", "cpu_model", "cpu_capability", "torch", "transformers", "datasets", "bitsandbytes",
-                "torchao", "torch_threads")
+MACHINE_KEYS = ("gpu", "gpu_driver", "cuda", "cpu_model", "cpu_capability", "torch", "transformers", "datasets",
+                "bitsandbytes", "torchao", "torch_threads")
 
 
 def _version(package: str) -> str | None:
@@ -112,4 +114,17 @@ def environment(device: Any = None, packages: Iterable[str] = ("torch", "transfo
         env["torch_threads"] = torch.get_num_threads()
         on_cpu = device is not None and getattr(device, "type", str(device)) == "cpu"
         env["gpu"] = None if on_cpu else gpu_name(device)
+        if env["gpu"] is not None:  # the driver's view: clocks, temperature, ECC, other processes (records/nvidia.py)
+            for key, value in nvidia.gpu_stamp(gpu_uuid(device)).items():
+                env.setdefault(key, value)
     return env
+
+
+def gpu_uuid(device: Any = None) -> str | None:
+    """The UUID of the GPU a trial uses, as nvidia-smi prints it after `GPU-` (None where torch does not say)."""
+    import torch
+
+    index = device.index if hasattr(device, "index") else device
+    properties = torch.cuda.get_device_properties(torch.cuda.current_device() if index is None else index)
+    uuid = getattr(properties, "uuid", None)
+    return None if uuid is None else str(uuid)

@@ -147,7 +147,7 @@ class Record:
     autocast_dtype: str | None = None
     # optimizer-side measurements beyond bytes
     fp32_state_fraction: float | None = None  # share of parameters whose state stays full precision
-    optimizer_impl: str | None = None  # what torch ran: fused | foreach | per-tensor loop (None: not torch's)
+    optimizer_impl: str | None = None  # fused | foreach | per-tensor loop | per-parameter[, host-synced] | None
     optimizer_step_traffic_bytes: int | None = None  # bytes one step must read + write (analytic)
     # The device's memory bandwidth as an in-place triad kernel sees it (a += s * b over buffers far larger than
     # the last-level cache, bytes counted as the step's are), sampled before, during and after training.

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from optbench.probes import HOST_SYNCED
 from optbench.records.record import REFERENCE_OPTIMIZER, Record, job_label
 from optbench.report import metrics, stats
 from optbench.report.frame import MEM_SAVED, SPEED, summarize, time_to_target_by_job, trials_frame
@@ -149,6 +150,10 @@ def notes(rows: pd.DataFrame) -> str:
                     f"against a margin of ±{margin}")
     if _present(first.get("schedule")):
         said.append(f"lr schedule: {first['schedule']} after {int(first.get('warmup_steps') or 0)} warm-up steps")
+    if rows.get("impl", pd.Series(dtype=str)).astype(str).str.contains(HOST_SYNCED).any():
+        said.append(f"impl '{HOST_SYNCED}': bitsandbytes synchronises the GPU after every parameter's update, so "
+                    "its optimizer step is host-serialised and its roofline % is bound by launches and waits, not "
+                    "by memory bandwidth")
     said.append("± is the 95 % Student-t interval over seeds (none with one seed: n/a)")
     return "; ".join(said) + "."
 

@@ -10,7 +10,9 @@ environment it is given, never os.environ: the sweep reads its own once, before 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+import threading
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from optbench.job.devices import GPU_PINNED_ENV, device_kind
@@ -36,19 +38,63 @@ def trial_environment(device: str, nproc: int, slot: int, visible: list[str], jo
     """The environment one trial process adds to its own: its GPU mask, or its CPU thread share.
 
     `device` is the spec's (`cpu`, `auto`, `cuda`, `cuda:N`); `slot` is which of the `jobs` concurrent slots runs
-    it. `cuda:N` pins the Nth visible GPU whatever the slot (the planner refuses an index with torchrun groups).
+    it. `cuda:N` pins the Nth visible GPU whatever the slot (the planner refuses an index with torchrun groups;
+    `GpuLocks` keeps two slots off one GPU); an N past the visible GPUs is a DeviceError. A `cpu` trial sees no
+    GPU: a library that probes CUDA on import (bitsandbytes asks every GPU's capability) would otherwise make
+    the CPU trial a CUDA context on a GPU another trial is timing on.
     """
     if device_kind(device, len(visible)) == "cuda":
-        _, _, index = device.partition(":")
-        if index:
-            chosen = [visible[int(index)]] if int(index) < len(visible) else [index]
-        else:
-            chosen = visible[slot * nproc: (slot + 1) * nproc] or visible[:nproc]
+        share = visible[slot * nproc: (slot + 1) * nproc] or visible[:nproc]
+        chosen = [pinned_gpu(device, visible)] if ":" in device else share
         return {"CUDA_VISIBLE_DEVICES": ",".join(chosen), GPU_PINNED_ENV: "1"}
+    hidden = {"CUDA_VISIBLE_DEVICES": ""} if device == "cpu" else {}
     if jobs == 1:
-        return {}
+        return hidden
     threads = str(max(1, cpu_count // jobs))
-    return {"OPTBENCH_TORCH_THREADS": threads, "OMP_NUM_THREADS": threads}
+    return {**hidden, "OPTBENCH_TORCH_THREADS": threads, "OMP_NUM_THREADS": threads}
+
+
+class DeviceError(ValueError):
+    """A device no GPU here answers to (`cuda:N` past the visible ones): a usage error, before any trial runs."""
+
+
+def pinned_gpu(device: str, visible: list[str]) -> str:
+    """The mask entry `cuda:N` names: the Nth GPU this process may use, never the raw N (outside the user's
+    CUDA_VISIBLE_DEVICES that would be another user's GPU, or none)."""
+    index = int(device.partition(":")[2])
+    if not 0 <= index < len(visible):
+        if not visible:
+            raise DeviceError(f"device '{device}' asked for, but no GPU is visible here (use --device cpu)")
+        raise DeviceError(f"device '{device}' asked for, but only {len(visible)} GPU(s) are visible here "
+                          f"(CUDA_VISIBLE_DEVICES entries {','.join(visible)}); use cuda:0 to cuda:{len(visible) - 1}")
+    return visible[index]
+
+
+def check_devices(devices: Iterable[str], visible: list[str]) -> None:
+    """Every `cuda:N` among `devices` names a visible GPU (raises DeviceError naming the first that does not)."""
+    for device in sorted(set(devices)):
+        if device.startswith("cuda:"):
+            pinned_gpu(device, visible)
+
+
+class GpuLocks:
+    """One lock per GPU: a trial holds its GPUs' locks while it runs, so two trials never share one, whatever
+    their slots (a pinned `cuda:N` with `--jobs J` would otherwise put all J slots on GPU N)."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, threading.Lock] = {}
+        self._guard = threading.Lock()
+
+    @contextlib.contextmanager
+    def hold(self, environment: Mapping[str, str]) -> Iterator[None]:
+        """Wait for, then hold, the GPUs in `environment`'s CUDA_VISIBLE_DEVICES (in one order: no deadlock)."""
+        entries = sorted({e for e in environment.get("CUDA_VISIBLE_DEVICES", "").split(",") if e})
+        with self._guard:
+            locks = [self._locks.setdefault(entry, threading.Lock()) for entry in entries]
+        with contextlib.ExitStack() as held:
+            for lock in locks:
+                held.enter_context(lock)
+            yield
 
 
 def preload_modules(base: tuple[str, ...], uses_bitsandbytes: bool, gpus: int) -> tuple[str, ...]:

@@ -22,7 +22,7 @@ from typing import TextIO
 from optbench.job.devices import cuda_device_count, device_kind
 from optbench.job.spec import TrialSpec
 from optbench.records.record import Record, append_record, completed_trial_ids
-from optbench.sweep.devices import gpu_slots, trial_environment, visible_gpus
+from optbench.sweep.devices import GpuLocks, check_devices, gpu_slots, trial_environment, visible_gpus
 from optbench.sweep.executors import Executor, FunctionExecutor, LocalExecutor, failed_record
 from optbench.sweep.progress import ALREADY_OK, Progress
 
@@ -84,7 +84,9 @@ def _run_in_slots(pending: list[TrialSpec], executor: Executor, store: _Store, j
     """Up to `jobs` trials at once, each slot with its GPU(s) or thread share; every record stored as it lands."""
     # The GPUs the user's mask allows, read once before any trial starts (nothing changes os.environ meanwhile).
     visible = visible_gpus(os.environ, cuda_device_count() if any(s.device != "cpu" for s in pending) else 0)
+    check_devices((s.device for s in pending), visible)  # a cuda:N past the mask fails before any trial starts
     slots = slot_count(pending, jobs, visible)
+    gpu_locks = GpuLocks()
     free: queue.SimpleQueue[int] = queue.SimpleQueue()
     for slot in range(slots):
         free.put(slot)
@@ -93,7 +95,8 @@ def _run_in_slots(pending: list[TrialSpec], executor: Executor, store: _Store, j
         slot = free.get()
         try:
             env = trial_environment(spec.device, spec.nproc, slot, visible, slots, os.cpu_count() or 1)
-            return executor.run(spec, env)
+            with gpu_locks.hold(env):  # a pinned cuda:N waits for GPU N, whatever its slot
+                return executor.run(spec, env)
         finally:
             free.put(slot)
 

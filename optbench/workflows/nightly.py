@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from optbench.records import exits
+from optbench.records import exits, nvidia
 from optbench.records.benchjson import read_benchmark_records
 from optbench.records.record import FAILURES, read_records
 from optbench.report import compare
@@ -119,12 +119,47 @@ def sweep_command(config: NightConfig, out: Path) -> list[str]:
     return command
 
 
-def _write_environment(out: Path) -> dict:
+def night_environment(device: str, run: nvidia.Runner | None = None) -> dict:
+    """The night's stamp, and its pre-flight on CUDA: the GPU's driver, clocks, temperature, ECC state and other
+    processes come from nvidia-smi, so this process never holds a CUDA context while its children time; a GPU
+    another process uses is a set-up error (its timings would be the other process's too)."""
+    import torch
+
     from optbench.records.environment import environment
 
-    env = environment()
+    env = environment(torch.device("cpu"))  # libraries, CPU, commit: no CUDA asked
+    if not device.startswith("cuda"):
+        return env
+    stamps, busy = nvidia.preflight(os.environ.get("CUDA_VISIBLE_DEVICES"), run)
+    if busy:
+        raise NightlyError("pre-flight: " + "; ".join(busy) + ": a night timed beside it is noise; wait for it, or "
+                           "point CUDA_VISIBLE_DEVICES at an idle GPU")
+    index = int(device.partition(":")[2] or 0)
+    if index < len(stamps):
+        env.update(stamps[index])
+        env["gpus_visible"] = len(stamps)
+    else:
+        env["gpu_preflight"] = "nvidia-smi found no such GPU: clocks, temperature, driver and processes unchecked"
+    return env
+
+
+def _write_environment(out: Path, device: str) -> dict:
+    env = night_environment(device)
     (out / ENVIRONMENT_FILE).write_text(json.dumps(env, indent=2) + "\n", encoding="utf-8")
     return env
+
+
+def check_baseline_key(baseline: Path, env: dict) -> None:
+    """A baseline times one GPU (or CPU) model with one driver and one torch: another's timings differ for reasons
+    no code change made, so comparing across them is refused (each key gets its own baseline folder)."""
+    stamp = baseline / ENVIRONMENT_FILE
+    if not stamp.is_file():
+        return
+    theirs, ours = nvidia.baseline_key(json.loads(stamp.read_text(encoding="utf-8"))), nvidia.baseline_key(env)
+    if theirs != ours:
+        raise NightlyError(f"the baseline in {baseline} was timed on {theirs}, this night runs on {ours}: timings "
+                           "across GPUs, drivers or torch releases are not comparable; give this key its own "
+                           "--baseline folder (`optbench nightly --print-baseline-key` prints it)")
 
 
 def _run_stages(night: Night) -> None:
@@ -197,6 +232,7 @@ def render_summary(night: Night, env: dict) -> str:
              f"({env.get('gpu') or env.get('cpu')}), preset {config.preset}"
              + (f", job flags `{' '.join(config.job_argv)}`" if config.job_argv else "")
              + (f", optimizers {', '.join(config.optimizers)}" if config.optimizers else ""),
+             *_gpu_lines(env),
              f"- thresholds: slowdown {limits.max_slowdown_pct:g} %, memory growth {limits.max_memory_growth_pct:g} %, "
              f"accuracy drop {limits.max_accuracy_drop_pts:g} pts (each beyond its 95 % CI where one exists)"
              + (f"; peak memory must also grow by > {limits.min_peak_growth_mib:g} MiB" if limits.min_peak_growth_mib
@@ -208,6 +244,16 @@ def render_summary(night: Night, env: dict) -> str:
     for title, markdown in night.sections:
         lines += [f"### {title} vs baseline", "", markdown.replace("\n### ", "\n#### "), ""]
     return "\n".join(lines)
+
+
+def _gpu_lines(env: dict) -> list[str]:
+    """The pre-flight's readings, where there was one."""
+    if not env.get("gpu_driver"):
+        return [f"- {env['gpu_preflight']}"] if env.get("gpu_preflight") else []
+    return [f"- GPU before the night: driver {env['gpu_driver']}, SM clock {env.get('gpu_clock_sm_mhz')} of "
+            f"{env.get('gpu_clock_max_sm_mhz')} MHz, {env.get('gpu_temperature_c')} °C, ECC "
+            f"{env.get('gpu_ecc_mode')} ({env.get('gpu_ecc_uncorrected')} uncorrected), no other process; baseline "
+            f"key {nvidia.baseline_key(env)}"]
 
 
 def _publish(summary: str, out: Path) -> None:
@@ -230,7 +276,8 @@ def run_night(config: NightConfig) -> Night:
     if config.baseline.exists() and not config.baseline.is_dir():
         raise NightlyError(f"--baseline {config.baseline} is not a folder")
     night = Night(config)
-    env = _write_environment(config.out)
+    env = _write_environment(config.out, config.device)
+    check_baseline_key(config.baseline, env)
     _run_stages(night)
     _write_reports(night)
     if all((config.baseline / name).is_file() for name in (SWEEP_FILE, BENCHMARK_FILE)):
