@@ -1,4 +1,5 @@
-"""The environment stamp every record carries: library versions, hardware, threads, load and git commit.
+"""The environment stamp every record carries: library versions, hardware, threads, load, git commit and whether
+the checkout was dirty.
 
 What a reader needs to trust or reproduce a number, and what `compare` checks before it calls two runs
 comparable. Reading it costs a `git rev-parse` and a look at /proc, so callers stamp once per trial.
@@ -34,15 +35,36 @@ def _version(package: str) -> str | None:
         return None
 
 
-def git_commit() -> str | None:
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
+
+
+def _git(*args: str, cwd: Path = PACKAGE_DIR) -> str | None:
+    """A git command's output in the checkout `cwd` is in (this package's, by default); None outside one (an
+    installed wheel) or without git."""
     try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-            cwd=Path(__file__).resolve().parent,
-        )
+        out = subprocess.run(["git", *args], capture_output=True, text=True, timeout=5, cwd=cwd)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
+    return out.stdout if out.returncode == 0 else None
+
+
+def git_commit() -> str | None:
+    out = _git("rev-parse", "HEAD")
+    return (out or "").strip() or None
+
+
+# Paths whose changes do not change what a number means: the results the reference steps write while they run (a
+# second step would otherwise see the first step's records as a dirty tree).
+CLEAN_EXCEPT = ("results",)
+
+
+def git_dirty(cwd: Path = PACKAGE_DIR) -> bool | None:
+    """Whether the checkout differs from its commit: a tracked file changed, or an untracked one (not ignored) was
+    added, outside CLEAN_EXCEPT. A number measured from a dirty tree cannot be reproduced from its commit alone.
+    None where there is no checkout to ask."""
+    excluded = [f":(top,exclude){path}" for path in CLEAN_EXCEPT]
+    out = _git("status", "--porcelain", "--", ":(top)", *excluded, cwd=cwd)
+    return None if out is None else bool(out.strip())
 
 
 @functools.cache
@@ -110,4 +132,5 @@ def environment(device: Any = None, packages: Iterable[str] = ("torch", "transfo
     on_cpu = device is not None and getattr(device, "type", str(device)) == "cpu"
     env["gpu"] = None if on_cpu else gpu_name(device)
     env["git_commit"] = git_commit()
+    env["git_dirty"] = git_dirty()
     return env
