@@ -30,7 +30,8 @@ from optbench.report import render as report  # noqa: E402
 from optbench.report.frame import summarize, trials_frame  # noqa: E402
 
 RESULTS = ROOT / "results" / "cpu-2core"
-DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+README = ROOT / "README.md"
+DOCUMENTS = [README, *sorted((ROOT / "docs").glob("*.md"))]
 BLOCK = re.compile(r"(<!-- (table|value): ([\w.-]+) -->)(.*?)(<!-- /\2 -->)", re.S)
 
 
@@ -68,19 +69,43 @@ def sweep_minutes(*files: str) -> str:
     return f"{(max(ends) - min(starts)) / 60:.1f}"
 
 
-def load_range(*files: str) -> str:
-    loads = [r.env.get("load_avg_1m") for r in _records(files) if r.env.get("load_avg_1m") is not None]
-    return f"{min(loads):.1f}–{max(loads):.1f}"
+def results_files() -> list[Path]:
+    """Every results file under results/cpu-2core: the records (*.jsonl) and the stamped JSON documents (the
+    harness check's pytest-benchmark file, the bare-loop probe, a bandwidth calibration)."""
+    return sorted([*RESULTS.rglob("*.jsonl"), *RESULTS.rglob("*.json")])
 
 
-def commit(*files: str) -> str:
-    """Which commit each results file was measured at: `abc1234` (default, registry), `def5678` (lm, ...)."""
-    stems: dict[str, list[str]] = {}
-    for name in files:
-        shas = (str(r.env["git_commit"])[:7] for r in _records((name,)) if r.env.get("git_commit"))
-        for sha in dict.fromkeys(shas):
-            stems.setdefault(sha, []).append(name.removesuffix(".jsonl"))
-    return "; ".join(f"`{sha}` ({', '.join(names)})" for sha, names in stems.items())
+def _stamps(path: Path) -> list[dict]:
+    """The environment stamps one results file carries: each record's, or a JSON document's own."""
+    if path.suffix == ".jsonl":
+        return [r.env for r in read_records(path)]
+    data = json.loads(path.read_text())
+    if "commit_info" in data:  # pytest-benchmark: the commit from pytest-benchmark, the rest from machine_info
+        info, machine = data["commit_info"], data.get("machine_info", {})
+        return [{"git_commit": info.get("id"), "git_dirty": info.get("dirty"),
+                 "load_avg_1m": machine.get("load_avg_1m")}]
+    return [data["env"]] if isinstance(data.get("env"), dict) else []
+
+
+def _shown(values: list, fmt: str = "{}") -> str:
+    return ", ".join(fmt.format(v) for v in dict.fromkeys(values)) or "not stamped"
+
+
+def provenance_table() -> str:
+    """Per results file: how many stamps it holds, the commit(s) it was measured at, whether the checkout was dirty
+    and the 1-minute load while it was measured (above the two cores, neighbours shared the machine)."""
+    rows = []
+    for path in results_files():
+        stamps = _stamps(path)
+        if not stamps:
+            continue
+        loads = [s["load_avg_1m"] for s in stamps if isinstance(s.get("load_avg_1m"), int | float)]
+        dirty = [{True: "dirty", False: "clean"}.get(s.get("git_dirty"), "not stamped") for s in stamps]
+        rows.append({"results file": str(path.relative_to(RESULTS)), "stamps": len(stamps),
+                     "commit": _shown([str(s["git_commit"])[:7] for s in stamps if s.get("git_commit")], "`{}`"),
+                     "tree": _shown(dirty),
+                     "1-min load": f"{min(loads):.1f}–{max(loads):.1f}" if loads else "not stamped"})
+    return pd.DataFrame(rows).to_markdown(index=False)
 
 
 def harness(key: str) -> str:
@@ -155,10 +180,16 @@ def predictor_band() -> str:
     return validation.error_band(table, "cpu").describe()
 
 
+FIT_BUDGET = "1.5GiB"  # what `reference-results fit` passes to `optbench fit --memory`
+
+
 def fit_table() -> str:
-    """The table `optbench fit` wrote beside its records (the growth it shows is not a record field)."""
-    text = (RESULTS / "fit.md").read_text(encoding="utf-8")
-    return "\n".join(line for line in text.splitlines() if line.startswith("|"))
+    """`optbench fit`'s table, rebuilt from its trials' records (fit.jsonl), so a record changed shows here."""
+    from optbench.memory import fit
+    from optbench.memory.estimate import parse_bytes
+
+    result = fit.result_from_records(read_records(RESULTS / "fit.jsonl"), parse_bytes(FIT_BUDGET))
+    return fit.fit_table(result).to_markdown(index=False, floatfmt=".1f")
 
 
 def probe(kind: str) -> str:
@@ -237,12 +268,6 @@ def gate_table() -> str:
             f"+{limit:g} %: a change is flagged when its whole interval lies beyond it")
 
 
-ALL = ("default.jsonl", "registry.jsonl", "smoke-all.jsonl", "resume-fsdp2.jsonl", "resume-trainer.jsonl",
-       "study-smoke.jsonl", "study.jsonl",
-       "study-100steps.jsonl",
-       "schedule/constant.jsonl", "schedule/linear.jsonl", "lm.jsonl", "precision.jsonl", "engines/native.jsonl",
-       "engines/trainer.jsonl", "engines/accelerate.jsonl", "parallel/ddp.jsonl", "parallel/zero1.jsonl",
-       "parallel/fsdp2.jsonl", "gate/base.jsonl", "scaling.jsonl", "fidelity.jsonl")
 DELTA = "accuracy Δ vs adamw (95% CI)"
 RESUME_COLUMNS = ("optimizer", "status", "state MiB", "ckpt MiB", "ckpt save s", "ckpt load s", "resume",
                   "resume max Δparam")
@@ -272,14 +297,13 @@ TABLES: dict[str, Callable[[], str]] = {
     "engines": lambda: side_by_side("engines/native.jsonl", "engines/trainer.jsonl", "engines/accelerate.jsonl"),
     "parallel": lambda: per_rank("parallel/ddp.jsonl", "parallel/zero1.jsonl", "parallel/fsdp2.jsonl"),
     "fit": fit_table,
+    "provenance": provenance_table,
     "fidelity": fidelity_table,
     "memory-split": memory_split,
     "scaling": scaling_tables,
     "gate": gate_table,
 }
 VALUES: dict[str, Callable[[], str]] = {
-    "commit": lambda: commit(*ALL),
-    "load": lambda: load_range(*ALL),
     "study.minutes": lambda: sweep_minutes("study.jsonl"),
     "schedule.constant.spread": lambda: spread_pts("schedule/constant.jsonl"),
     "schedule.linear.spread": lambda: spread_pts("schedule/linear.jsonl"),
@@ -322,9 +346,22 @@ def rewrite(text: str) -> tuple[str, list[str]]:
     return BLOCK.sub(one, text), changed
 
 
+def unrendered_tables(text: str) -> list[int]:
+    """Line numbers of markdown table rows outside every rendered block (and outside code fences): a table typed
+    or pasted by hand, which no check would see drift from its records."""
+    inside = [(m.start(), m.end()) for m in BLOCK.finditer(text)]
+    found, fence, offset = [], False, 0
+    for number, line in enumerate(text.splitlines(keepends=True), start=1):
+        fence = fence != line.startswith("```")
+        if line.startswith("|") and not fence and not any(start <= offset < end for start, end in inside):
+            found.append(number)
+        offset += len(line)
+    return found
+
+
 def main(argv: list[str]) -> int:
     check = "--check" in argv
-    stale = []
+    stale = [f"README.md:{n}: a table row not rendered from records" for n in unrendered_tables(README.read_text())]
     for path in DOCUMENTS:
         text = path.read_text(encoding="utf-8")
         new, changed = rewrite(text)

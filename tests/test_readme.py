@@ -35,3 +35,16 @@ def test_every_block_names_a_renderer():
     known = {("table", n) for n in readme_tables.TABLES} | {("value", n) for n in readme_tables.VALUES}
     assert names <= known, sorted(names - known)
     assert ("table", "default") in names and ("table", "study") in names
+
+
+def test_every_table_of_the_readme_is_rendered_from_records():
+    assert readme_tables.unrendered_tables(readme_tables.README.read_text(encoding="utf-8")) == []
+
+
+def test_a_table_typed_by_hand_into_the_readme_is_found():
+    text = readme_tables.README.read_text(encoding="utf-8")
+    typed = text + "\n| optimizer | largest batch |\n|---|---|\n| adamw | 120 |\n"
+    fenced = text + "\n```\n| not | a table |\n```\n"
+    lines = len(text.splitlines())
+    assert readme_tables.unrendered_tables(typed) == [lines + 2, lines + 3, lines + 4]
+    assert readme_tables.unrendered_tables(fenced) == []

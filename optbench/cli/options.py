@@ -340,6 +340,9 @@ def _add_memory_parsers(commands) -> None:
     fit.add_argument("--optimizers", type=name_list, default=list(optimizers.DEFAULT_OPTIMIZERS))
     fit.add_argument("--grow", choices=["batch", "seq"], default="batch", help="what grows to fill the budget")
     fit.add_argument("--max-size", type=positive_int, help="the largest batch (or sequence length) to try")
+    fit.add_argument("--repeats", type=positive_int, default=3,
+                     help="trials per size, each a fresh process (default 3, at least 2): a size fits only when its "
+                          "largest peak is under the budget by at least the spread its trials showed")
     fit.add_argument("--out", type=Path, default=Path("results") / "fit.jsonl",
                      help="the confirming trials' records (resumed); the table and figure go beside it")
     for flag, kind in (("--workload", str), ("--model", str), ("--batch-size", positive_int),
