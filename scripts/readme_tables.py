@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -44,6 +45,9 @@ class Table:
     columns: tuple[str, ...]
     job: str = ""
     rename: dict[str, str] = field(default_factory=dict)
+    # shown where the records fill them, in the order of `columns` (listed there too): the roofline columns, which
+    # records without a bandwidth calibration leave empty
+    optional: tuple[str, ...] = ()
 
 
 def _records(files: tuple[str, ...]) -> list[Record]:
@@ -54,10 +58,11 @@ def render_table(table: Table) -> str:
     summary = summarize(trials_frame(_records(table.files)))
     for label, frame, _, _ in report.display_tables(summary):
         if table.job in label:
-            missing = [c for c in table.columns if c not in frame.columns]
+            missing = [c for c in table.columns if c not in frame.columns and c not in table.optional]
             if missing:
                 raise KeyError(f"columns {missing} not in the report of {table.files}: {list(frame.columns)}")
-            return frame[list(table.columns)].rename(columns=table.rename).to_markdown(index=False)
+            shown = [c for c in table.columns if c in frame.columns]
+            return frame[shown].rename(columns=table.rename).to_markdown(index=False)
     raise KeyError(f"no job matching {table.job!r} in {table.files}")
 
 
@@ -192,6 +197,26 @@ def fit_table() -> str:
     return fit.fit_table(result).to_markdown(index=False, floatfmt=".1f")
 
 
+ROOFLINE_AGREEMENT = 0.05  # five trials of one kernel must each read within ±5 % of their median
+
+
+def roofline_agreement() -> str:
+    """The roofline of one kernel (adamw_fused) over several trials against the calibrated ceiling: its range, how
+    far the trials stray from their median, and whether any exceeds 100 %."""
+    path = RESULTS / "roofline.jsonl"
+    if not path.is_file():
+        return "not measured yet"
+    values = [100 * r.roofline_fraction for r in read_records(path) if r.status == "ok" and r.roofline_fraction
+              and r.device_bandwidth_calibrated_bytes_per_s]
+    if not values:
+        return "no calibrated trial in roofline.jsonl"
+    middle = statistics.median(values)
+    stray = max(abs(v / middle - 1) for v in values)
+    return (f"{min(values):.1f}–{max(values):.1f} % over {len(values)} trials, each within ±{100 * stray:.1f} % of "
+            f"their median ({'within' if stray <= ROOFLINE_AGREEMENT else 'outside'} the ±"
+            f"{100 * ROOFLINE_AGREEMENT:.0f} % they must agree to){'; ABOVE 100 %' if max(values) > 100 else ''}")
+
+
 def probe(kind: str) -> str:
     """A figure of scripts/bare_loop_probe.py: a bare loop on other batches against one on the workload's."""
     data = json.loads((RESULTS / "bare-loop-probe.json").read_text())
@@ -269,6 +294,7 @@ def gate_table() -> str:
 
 
 DELTA = "accuracy Δ vs adamw (95% CI)"
+ROOFLINE = ("roofline %", "bandwidth GB/s")  # empty until the records carry a bandwidth calibration
 RESUME_COLUMNS = ("optimizer", "status", "state MiB", "ckpt MiB", "ckpt save s", "ckpt load s", "resume",
                   "resume max Δparam")
 TABLES: dict[str, Callable[[], str]] = {
@@ -284,7 +310,8 @@ TABLES: dict[str, Callable[[], str]] = {
         "opt step ms", "eval accuracy", DELTA, "mem saved % vs adamw", "speed x vs adamw"))),
     "registry": lambda: render_table(Table(("registry.jsonl",), (
         "optimizer", "state precision", "state MiB", "state B/param", "fp32 state %", "train mem MiB", "step ms",
-        "opt step ms", "impl", "roofline %", "bandwidth GB/s", "first step s", "eval accuracy"))),
+        "opt step ms", "impl", "roofline %", "bandwidth GB/s", "ceiling", "probe GB/s", "first step s",
+        "eval accuracy"), optional=ROOFLINE)),
     "smoke-all": lambda: render_table(Table(("smoke-all.jsonl",), (
         "optimizer", "state precision", "status", "state MiB", "state B/param", "= analytic", "fp32 state %",
         "first step s", "opt step ms", "ckpt MiB", "ckpt save s", "ckpt load s", "resume", "resume max Δparam"))),
@@ -292,7 +319,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "resume-trainer": lambda: render_table(Table(("resume-trainer.jsonl",), RESUME_COLUMNS)),
     "lm": lambda: render_table(Table(("lm.jsonl",), (
         "optimizer", "state MiB", "state B/param", "fp32 state %", "eval perplexity",
-        "perplexity Δ vs adamw (95% CI)", "step ms", "opt step ms", "roofline %"))),
+        "perplexity Δ vs adamw (95% CI)", "step ms", "opt step ms", "roofline %", "ceiling"), optional=ROOFLINE)),
     "precision": lambda: side_by_side("precision.jsonl"),
     "engines": lambda: side_by_side("engines/native.jsonl", "engines/trainer.jsonl", "engines/accelerate.jsonl"),
     "parallel": lambda: per_rank("parallel/ddp.jsonl", "parallel/zero1.jsonl", "parallel/fsdp2.jsonl"),
@@ -313,6 +340,7 @@ VALUES: dict[str, Callable[[], str]] = {
     "resume-trainer.errors": lambda: resume_errors("resume-trainer.jsonl"),
     "explain.adamw8bit_hf": lambda: explain("adamw8bit_hf"),
     "predictor.band": predictor_band,
+    "roofline.agreement": roofline_agreement,
     "harness.ratio": lambda: harness("ratio"),
     "harness.pairs": lambda: harness("pairs"),
     "harness.spread": lambda: harness("spread"),

@@ -246,7 +246,7 @@ def test_importing_the_report_loads_neither_torch_nor_matplotlib():
 
 def test_a_roofline_above_one_is_a_calibration_failure_not_a_percentage(records, tmp_path):
     for record, fraction in zip(records[:3], [0.5, 1.3, 1.6], strict=True):
-        record.roofline_fraction = fraction
+        record.roofline_fraction, record.device_bandwidth_calibrated_bytes_per_s = fraction, 5e10
     markdown, _ = write_report(records, tmp_path, figures=False)
     table = markdown.split("\n\n")[1]
     header = [c.strip() for c in table.splitlines()[0].split("|")]

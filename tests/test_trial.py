@@ -45,19 +45,23 @@ def test_trial_fills_the_record(name):
     # where the state sits, and what the held memory holds besides grads and state: the three parts add up
     assert sum(record.state_bytes_by_module.values()) == record.state_bytes
     assert record.held_other_bytes + record.grads_bytes + record.state_bytes == record.rss_growth_after_step_bytes
-    # the roofline: a measured bandwidth and a share of it (its arithmetic: test_speed_figures_from_known_times)
+    # the trial's own bandwidth probe is a check; without a machine calibration there is no roofline (its
+    # arithmetic against a calibration: test_speed_figures_from_known_times, test_bandwidth.py)
     assert record.device_bandwidth_bytes_per_s > 0 and record.device_bandwidth_iqr_bytes_per_s is not None
-    assert record.roofline_fraction > 0
+    assert record.roofline_fraction is None and record.device_bandwidth_calibrated_bytes_per_s is None
+    assert record.device_bandwidth_source.startswith("uncalibrated: no ")
     if name == "adamw":  # reads p, g, m, v and writes p, m, v: 28 bytes a parameter, and each tensor's step twice
         assert record.optimizer_step_traffic_bytes == 28 * record.num_params + 2 * record.state_bytes_by_key["step"]
     assert record.job_key["schedule"] == "linear" and record.job_key["device"] == "cpu"
 
 
 def test_speed_figures_from_known_times():
-    """Hand-worked: steps of 0.4-0.6 s at batch 16, optimizer steps of 2-4 ms moving 28 MB against 14 GB/s."""
+    """Hand-worked: steps of 0.4-0.6 s at batch 16, optimizer steps of 2-4 ms moving 28 MB against a calibrated
+    14 GB/s (the trial's own probe, 50 GB/s here, is never the divisor)."""
     from optbench.records.record import Record
 
-    record = Record(batch_size=16, optimizer_step_traffic_bytes=28_000_000, device_bandwidth_bytes_per_s=14e9)
+    record = Record(batch_size=16, optimizer_step_traffic_bytes=28_000_000, device_bandwidth_bytes_per_s=50e9,
+                    device_bandwidth_calibrated_bytes_per_s=14e9)
     measure.describe_speed(record, [0.5, 0.4, 0.6, 0.5], [0.004, 0.002, 0.003])
     assert record.step_time_median_s == 0.5 and record.step_time_iqr_s == pytest.approx(0.05)  # 0.525 - 0.475
     assert record.optimizer_step_median_s == 0.003 and record.optimizer_step_iqr_s == pytest.approx(0.001)
@@ -100,3 +104,32 @@ def test_trial_id_is_stable_and_settings_sensitive():
     assert a.trial_id == b.trial_id
     assert a.trial_id != TrialSpec(optimizer="adamw", seed=1, **{k: v for k, v in TINY.items()}).trial_id
     assert a.trial_id == TrialSpec(optimizer="adamw", timeout_s=5, **TINY).trial_id
+
+
+@pytest.mark.parametrize("probe_agrees", [True, False])
+def test_the_roofline_divides_by_the_machines_calibration_and_the_trials_probe_is_checked_against_it(probe_agrees):
+    """A calibration file for this machine (in the test session's cache): the roofline is the step's traffic over
+    its median time over the calibrated ceiling; a probe outside the calibration's 5-95 % range is flagged."""
+    import torch
+
+    from optbench.probes import bandwidth
+    from optbench.records.environment import machine_key
+
+    device = torch.device("cpu")
+    machine = machine_key(device)
+    wide = (1e3, 1e15) if probe_agrees else (1e14, 1e15)  # any probe agrees with the first, none with the second
+    calibration = bandwidth.BandwidthCalibration(
+        machine=machine, device_name="test", threads=torch.get_num_threads(), ceiling_bytes_per_s=1e11,
+        quantiles_bytes_per_s={"0.05": wide[0], "0.25": 1e11, "0.5": 1e11, "0.75": 1e11, "0.95": wide[1]},
+        passes=3, buffer_bytes=1)
+    path = bandwidth.save(calibration, bandwidth.default_path(machine))
+    try:
+        record = run_trial(TrialSpec(optimizer="adamw", **TINY))
+    finally:
+        path.unlink()
+    assert record.status == "ok", record.error
+    assert record.device_bandwidth_source == str(path) and record.device_bandwidth_calibrated_bytes_per_s == 1e11
+    assert record.roofline_fraction == pytest.approx(record.optimizer_step_traffic_bytes
+                                                     / record.optimizer_step_median_s / 1e11)
+    assert record.device_bandwidth_calibrated_spread_bytes_per_s == wide[1] - wide[0]
+    assert record.device_bandwidth_probe_disagrees is (not probe_agrees)

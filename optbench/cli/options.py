@@ -273,7 +273,24 @@ def build_parser() -> argparse.ArgumentParser:
     _add_report_parser(commands)
     _add_compare_parsers(commands)
     _add_memory_parsers(commands)
+    _add_bandwidth_parser(commands)
     return parser
+
+
+def _add_bandwidth_parser(commands) -> None:
+    calibrate = commands.add_parser("calibrate-bandwidth",
+                                    help="measure this machine's memory bandwidth once (many triad passes) into a "
+                                         "per-machine file that every trial's roofline divides by")
+    calibrate.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    calibrate.add_argument("--threads", type=positive_int,
+                           help="torch threads to measure with (default: torch's; a CPU file is per thread count, "
+                                "and trials find the one for theirs)")
+    calibrate.add_argument("--rounds", type=positive_int, default=10,
+                           help="rounds, each re-allocating its buffers (default 10)")
+    calibrate.add_argument("--passes", type=positive_int, default=20, help="timed passes per round (default 20)")
+    calibrate.add_argument("--out", type=Path,
+                           help="write here instead of the cache ($OPTBENCH_CACHE or ~/.cache/optbench); trials then "
+                                "need OPTBENCH_BANDWIDTH_FILE=PATH")
 
 
 def _add_report_parser(commands) -> None:

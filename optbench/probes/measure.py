@@ -247,16 +247,16 @@ def median_iqr(values: list[float]) -> tuple[float | None, float | None]:
 
 def describe_speed(record: Any, step_times: list[float], optimizer_times: list[float]) -> None:
     """Fill a Record's speed figures: medians, IQRs and the raw samples (after warm-up), throughput and the
-    roofline share (the step's analytic traffic over its median time, against the device's triad bandwidth)."""
+    roofline share (the step's analytic traffic over its median time, against the machine's calibrated triad
+    bandwidth: none without a calibration, optbench/probes/bandwidth.py)."""
     record.step_time_samples_s, record.optimizer_step_samples_s = step_times, optimizer_times
     record.step_time_median_s, record.step_time_iqr_s = median_iqr(step_times)
     record.optimizer_step_median_s, record.optimizer_step_iqr_s = median_iqr(optimizer_times)
     if record.step_time_median_s:
         record.samples_per_s = record.batch_size / record.step_time_median_s
-    if record.optimizer_step_median_s and record.device_bandwidth_bytes_per_s and \
-            record.optimizer_step_traffic_bytes:
-        achieved = record.optimizer_step_traffic_bytes / record.optimizer_step_median_s
-        record.roofline_fraction = achieved / record.device_bandwidth_bytes_per_s
+    ceiling = getattr(record, "device_bandwidth_calibrated_bytes_per_s", None)
+    if record.optimizer_step_median_s and ceiling and record.optimizer_step_traffic_bytes:
+        record.roofline_fraction = record.optimizer_step_traffic_bytes / record.optimizer_step_median_s / ceiling
 
 
 def last_level_cache_bytes() -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import os
 import platform
+import re
 import subprocess
 import sys
 from collections.abc import Iterable
@@ -113,6 +114,19 @@ def gpu_name(device: Any = None) -> str | None:
         return None
     index = device.index if hasattr(device, "index") else device
     return torch.cuda.get_device_name(torch.cuda.current_device() if index is None else index)
+
+
+def machine_key(device: Any) -> str:
+    """The machine as a file name, for per-machine files (the bandwidth calibration): on CPU the CPU's name and
+    family/model/stepping and torch's thread count (the bandwidth a CPU reaches depends on how many threads
+    stream), on CUDA the GPU's name."""
+    import torch
+
+    if getattr(device, "type", str(device)) == "cuda":
+        text = f"cuda {gpu_name(device)}"
+    else:
+        text = f"cpu {cpu_name()} {cpu_model() or ''} {torch.get_num_threads()} threads"
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
 
 def environment(device: Any = None, packages: Iterable[str] = ("torch", "transformers", "datasets", "bitsandbytes",

@@ -27,15 +27,15 @@ import torch
 
 from optbench.job.spec import TrialSpec
 from optbench.optimizers import OptimizerSpec, resolve
-from optbench.probes import measure
-from optbench.records.environment import GPU_PINNED_ENV, cpu_name, environment
+from optbench.probes import bandwidth, measure
+from optbench.records.environment import GPU_PINNED_ENV, cpu_name, environment, machine_key
 from optbench.records.record import Record, job_key, split_peak_memory
 from optbench.trial.engines import Diverged, Setup, engine_for, evaluate
 from optbench.trial.precision import dtype_name, parse_precision
 from optbench.trial.schedules import make_scheduler
 
 DIVERGENCE_FACTOR = 3.0  # final loss this many times the first loss (or the chance loss) → diverged
-BANDWIDTH_SAMPLES = 5  # triad passes before and again after training: the roofline's ceiling and its spread
+BANDWIDTH_SAMPLES = 5  # triad passes before and again after training: a check on the calibrated ceiling
 
 
 def resolve_device(name: str) -> torch.device:
@@ -170,11 +170,6 @@ def describe_state(record: Record, optimizer: torch.optim.Optimizer, entry: Opti
         record.held_other_bytes = record.rss_growth_after_step_bytes - record.grads_bytes - record.state_bytes
 
 
-def describe_bandwidth(record: Record, samples: list[float]) -> None:
-    """The roofline's ceiling: median and inter-quartile range of the triad samples taken around training."""
-    record.device_bandwidth_bytes_per_s, record.device_bandwidth_iqr_bytes_per_s = measure.median_iqr(samples)
-
-
 def evaluate_final(s: Setup, record: Record) -> None:
     """Every split the trial built: validation (study trials: it picks the lr) and eval (what is reported)."""
     if s.built.val is not None:
@@ -238,14 +233,16 @@ def _train_and_measure(spec: TrialSpec, record: Record) -> None:
     s = setup(spec, record)
     describe_model(record, s.model, s.entry)
     record.predicted_peak_bytes = for_trial(spec, s.model, s.entry, str(s.device))  # before a step: a prediction
-    bandwidth = measure.triad_bandwidth_samples(s.device, BANDWIDTH_SAMPLES)
+    probe = measure.triad_bandwidth_samples(s.device, BANDWIDTH_SAMPLES)
     check = resume_check(s, record) if spec.resume_check else None
     s.after_step = getattr(check, "after_step", None)
     result = engine_for(spec)(s, record)
     describe_state(record, s.optimizer, s.entry, s.model, spec.state_map_dir)
     result.memory.fill(record)
     split_peak_memory(record)
-    describe_bandwidth(record, bandwidth + measure.triad_bandwidth_samples(s.device, BANDWIDTH_SAMPLES))
+    calibration, source = bandwidth.load_for(machine_key(s.device))  # the roofline's ceiling, measured once
+    bandwidth.describe_bandwidth(record, probe + measure.triad_bandwidth_samples(s.device, BANDWIDTH_SAMPLES),
+                                 calibration, source)
     measure.describe_speed(record, result.step_times, result.optimizer_times)
     if spec.target is not None:
         time_to_target(record, spec.target)
