@@ -253,44 +253,44 @@ def scaling_tables() -> str:
     return "\n".join(line for line in text.splitlines() if not line.startswith("###")).strip()
 
 
-GATE_RUNS = (("rerun", "same-commit rerun"), ("slow-0.15", "+15 % injected"), ("slow-0.2", "+20 % injected"),
-             ("slow-0.3", "+30 % injected"))
+GATE_RUNS = (("rerun", 0.0, "same-commit rerun"), ("slow-0.15", 0.15, "+15 % injected"),
+             ("slow-0.2", 0.2, "+20 % injected"), ("slow-0.3", 0.3, "+30 % injected"))
 
 
-def _gate(name: str):
-    from optbench.report import compare
+def gate_sleep_table() -> str:
+    """The old gate's runs (one process per optimizer, the knob sleeping): against the base run, the optimizer
+    step as measured, the step itself (measured / (1 + injected): what the sleep left of it) and the rest of the
+    train step (forward, backward, zero_grad)."""
+    base = {r.optimizer: r for r in read_records(RESULTS / "gate" / "base.jsonl")}
+    rows = []
+    for name, fraction, title in GATE_RUNS:
+        for record in read_records(RESULTS / "gate" / f"{name}.jsonl"):
+            before = base[record.optimizer]
+            step, rest = (record.optimizer_step_median_s, before.optimizer_step_median_s), (
+                record.step_time_median_s - record.optimizer_step_median_s,
+                before.step_time_median_s - before.optimizer_step_median_s)
+            rows.append({"run": title, "optimizer": record.optimizer,
+                         "optimizer step": f"{100 * (step[0] / step[1] - 1):+.1f} %",
+                         "the step itself": f"{100 * (step[0] / (1 + fraction) / step[1] - 1):+.1f} %",
+                         "rest of the train step": f"{100 * (rest[0] / rest[1] - 1):+.1f} %"})
+    return pd.DataFrame(rows).to_markdown(index=False)
 
-    base = read_records(RESULTS / "gate" / "base.jsonl")
-    new = read_records(RESULTS / "gate" / f"{name}.jsonl")
-    return compare.compare(base, new, compare.calibrated_thresholds(base, new))
+
+def gate_campaign_table() -> str:
+    from optbench.report import campaign
+
+    return campaign.summary_markdown(RESULTS / "gate-campaign")
 
 
-def gate_power() -> str:
-    """The smallest injected slowdown that every optimizer's row flags."""
-    flagged = [title for name, title in GATE_RUNS[1:] if all(_gate(name).rows["regression"].astype(bool))]
-    return f"{flagged[0].removesuffix(' injected')}" if flagged else "none of +15, +20 and +30 %"
-
-
-def gate_rerun() -> str:
-    result = _gate("rerun")
-    return ("passes: no row flagged" if not result.regressions
-            else f"FAILS: {len(result.regressions)} row(s) flagged")
-
-
-def gate_table() -> str:
-    """compare, at the calibrated CPU thresholds, of the base sweep with a same-commit rerun and with injected
-    optimizer.step() slowdowns: the optimizer step's change, its 95 % interval, and whether it was flagged."""
-    from optbench.report import compare
-
-    columns: dict[str, dict[str, str]] = {}
-    for name, title in GATE_RUNS:
-        for row in _gate(name).rows.itertuples():
-            change = f"{row.opt_step_ms_delta:+.1f} % ({row.opt_step_ms_low:+.1f} … {row.opt_step_ms_high:+.1f})"
-            columns.setdefault(row.optimizer, {})[title] = change + (": **flagged**" if row.regression else ": pass")
-    limit = compare.DEFAULT_THRESHOLDS["cpu"].max_slowdown_pct
-    frame = pd.DataFrame.from_dict(columns, orient="index").rename_axis("optimizer").reset_index()
-    return (frame.to_markdown(index=False) + f"\n\noptimizer-step change and its 95 % interval; the CPU limit is "
-            f"+{limit:g} %: a change is flagged when its whole interval lies beyond it")
+def slowdown_probe(mode: str) -> str:
+    """scripts/slowdown_probe.py: in one process, what a sleeping and a spinning knob do to the steps around them."""
+    path = RESULTS / "slowdown-probe.json"
+    if not path.is_file():
+        return "not measured yet"
+    data = json.loads(path.read_text())
+    change, late = data["vs_off"][mode], data["medians"][mode].get("late", 0.0)
+    return (f"the step itself {100 * change['step_s']:+.1f} %, the next forward/backward "
+            f"{100 * change['forward_backward_s']:+.1f} %, the wait {100 * late:+.1f} % longer than asked")
 
 
 DELTA = "accuracy Δ vs adamw (95% CI)"
@@ -328,7 +328,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "fidelity": fidelity_table,
     "memory-split": memory_split,
     "scaling": scaling_tables,
-    "gate": gate_table,
+    "gate-campaign": gate_campaign_table,
+    "gate-sleep": gate_sleep_table,
 }
 VALUES: dict[str, Callable[[], str]] = {
     "study.minutes": lambda: sweep_minutes("study.jsonl"),
@@ -346,8 +347,8 @@ VALUES: dict[str, Callable[[], str]] = {
     "harness.spread": lambda: harness("spread"),
     "harness.verdict": lambda: harness("verdict"),
     "harness.summary": lambda: harness("summary"),
-    "gate.mds": gate_power,
-    "gate.rerun": gate_rerun,
+    "probe.sleep": lambda: slowdown_probe("sleep"),
+    "probe.spin": lambda: slowdown_probe("spin"),
     "probe.padding": lambda: probe("padding"),
     "probe.random": lambda: probe("random-ids-full-mask"),
     "probe.unmasked": lambda: probe("workload-ids-full-mask"),

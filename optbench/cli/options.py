@@ -110,7 +110,11 @@ def load_records(files: list[Path]) -> list:
         try:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                records.extend(read_benchmark_records(path) if is_benchmark_path(path) else read_records(path))
+                runs = sorted(path.glob("*.jsonl")) if path.is_dir() else []  # a folder of runs of one commit
+                for run in runs:
+                    records.extend(read_records(run))
+                if not runs:
+                    records.extend(read_benchmark_records(path) if is_benchmark_path(path) else read_records(path))
             for warning in caught:
                 print(f"optbench: warning: {warning.message}", file=sys.stderr)
         except (ResultsFileError, BenchmarkJsonError, UnicodeDecodeError) as exc:
@@ -306,7 +310,11 @@ def _add_report_parser(commands) -> None:
 def _add_compare_parsers(commands) -> None:
     compare = commands.add_parser("compare", help="BASE vs NEW per optimizer and job; exit 1 on a regression")
     for name in ("base", "new"):
-        compare.add_argument(name, type=Path, help="results .jsonl, pytest-benchmark .json, or a folder of .json")
+        compare.add_argument(name, type=Path, help="results .jsonl, a folder of them (runs of one commit), "
+                                                   "pytest-benchmark .json, or a folder of .json")
+    compare.add_argument("--noise-history", type=Path, nargs="+", metavar="FILE",
+                         help="results of earlier runs (same commit within a file's commit groups): their "
+                              "run-to-run spread makes the time intervals where BASE or NEW has under 3 runs")
     add_threshold_arguments(compare)
     compare.add_argument("--export-github-benchmark", type=Path, metavar="FILE",
                          help="write NEW's numbers for github-action-benchmark: FILE (customSmallerIsBetter) and "

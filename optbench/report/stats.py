@@ -6,7 +6,7 @@
   read against a margin m (points for a metric in [0, 1] such as accuracy, % of the reference for the
   rest such as perplexity or loss): equivalent / better / worse / non-inferior / inconclusive. "No
   significant difference" is not a verdict: an interval of ±11 points rules out nothing a user cares about.
-- Times: the percentile-bootstrap ratio of medians (compare's test for step times).
+- Times: compare's run-to-run interval lives in noise.py (processes, not steps, are the repeats).
 - Time to target the AlgoPerf way: a seed that never reaches the target counts as infinite time, the
   median over seeds is the figure, and "reached k/n" goes beside it.
 - The Pareto front, the performance profile and its score, and the study's lr choice (`choose_lr`).
@@ -28,8 +28,6 @@ DEFAULT_MARGIN = {POINTS: 1.0, RELATIVE: 2.0}  # 1 point of accuracy; 2 % of a p
 UNIT = {POINTS: "pts", RELATIVE: "%"}
 MAX_SEEDS = 1000  # "about how many seeds would settle it" stops counting here
 PROFILE_TAUS = np.linspace(1.0, 4.0, 61)  # AlgoPerf's profile runs tau from 1 (the best) to 4x the best
-BOOTSTRAP_RESAMPLES = 2000  # the CI bounds move by < 0.5 % between rng seeds at this count
-BOOTSTRAP_SEED = 0  # fixed, so a comparison is reproducible
 LEGACY_TIE = 0.005  # the old fixed near-tie band (half a point): records without val_rows and one seed
 RELATIVE_TIE = 0.005  # one seed of a metric not in [0, 1]: 0.5 % of the best value
 
@@ -168,23 +166,6 @@ def paired_verdict(candidate: Mapping[int, float], reference: Mapping[int, float
     scale = scale or scale_of(mode, [*candidate.values(), *reference.values()])
     differences = oriented_differences(candidate, reference, mode, scale)
     return verdict(differences, DEFAULT_MARGIN[scale] if margin is None else margin, scale)
-
-
-def bootstrap_ratio_of_medians(base: Iterable[float], new: Iterable[float], resamples: int = BOOTSTRAP_RESAMPLES,
-                               seed: int = BOOTSTRAP_SEED) -> tuple[float, float, float]:
-    """median(new) / median(base) and its percentile-bootstrap CI, each run resampled on its own.
-
-    Medians, because a shared machine throws in the odd slow step; a ratio, because "30 % slower" is what a
-    threshold speaks of. Resampling each run independently assumes steps are exchangeable within a run,
-    which warm-up exclusion is there to make true.
-    """
-    b, n = np.asarray(list(base), dtype=float), np.asarray(list(new), dtype=float)
-    rng = np.random.default_rng(seed)
-    base_medians = np.median(b[rng.integers(0, b.size, (resamples, b.size))], axis=1)
-    new_medians = np.median(n[rng.integers(0, n.size, (resamples, n.size))], axis=1)
-    tail = 100 * (1 - CONFIDENCE) / 2
-    low, high = np.percentile(new_medians / base_medians, [tail, 100 - tail])
-    return float(np.median(n) / np.median(b)), float(low), float(high)
 
 
 # --- time to target, Pareto front, performance profile ---------------------------------------------------
