@@ -11,13 +11,14 @@ FRACTION of each optimizer.step()'s own time, in interleaved blocks of steps (of
 Per mode: the median optimizer.step() itself (without the added wait), the median forward/backward of the next
 step, and how much longer the added wait took than asked (a sleep returns late when the core went elsewhere).
 
-    python scripts/slowdown_probe.py OUT.json [FRACTION] [BLOCKS]
+    python scripts/slowdown_probe.py OUT.json [FRACTION] [BLOCKS] [WORKLOAD]
 
 Run it on an idle machine (about a minute); reference-results gate runs it beside the campaign.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 import sys
@@ -50,9 +51,10 @@ def _wait(mode: str, seconds: float) -> float:
 def main(argv: list[str]) -> int:
     out, fraction = Path(argv[0]), float(argv[1]) if len(argv) > 1 else 0.3
     blocks = int(argv[2]) if len(argv) > 2 else 6
-    s = setup(SPEC, record_from_spec(SPEC))
+    spec = dataclasses.replace(SPEC, workload=argv[3]) if len(argv) > 3 else SPEC  # `tiny`: a quick smoke run
+    s = setup(spec, record_from_spec(spec))
     order = [mode for b in range(blocks) for mode in (MODES if b % 2 == 0 else MODES[::-1])]
-    batches = train_batches(s.built.train, SPEC.batch_size, (len(order) + 1) * BLOCK_STEPS, SPEC.seed)
+    batches = train_batches(s.built.train, spec.batch_size, (len(order) + 1) * BLOCK_STEPS, spec.seed)
     seen: dict[str, dict[str, list[float]]] = {m: {"step_s": [], "forward_backward_s": [], "late": []} for m in MODES}
     previous = "off"
     for index, batch in enumerate(batches):
