@@ -43,7 +43,8 @@ class BenchSize:
     eval_size: int
     overhead_steps: int  # steps per run in the harness-vs-bare comparison
     overhead_warmup_steps: int
-    overhead_pairs: int  # (bare, harness) pairs of runs, interleaved in ABBA order
+    overhead_min_pairs: int  # (bare, harness) pairs of runs, interleaved in ABBA order, before the interval is read
+    overhead_max_pairs: int  # pairs at most: the interval still straddling the tolerance then, it is unmeasured
     overhead_tolerance: float  # |harness / bare - 1| allowed
 
 
@@ -60,16 +61,17 @@ SIZES: dict[str, BenchSize] = {
     # only catches gross overhead (a stray sync, a per-step write); the 3 % target is default's and nightly's.
     "smoke": _size("smoke", workload="tiny", step_rounds=5, train_rounds=5, warmup_rounds=2, finetune_steps=8,
                    finetune_warmup_steps=2, eval_size=64, overhead_steps=40, overhead_warmup_steps=5,
-                   overhead_pairs=5, overhead_tolerance=0.25),
+                   overhead_min_pairs=3, overhead_max_pairs=6, overhead_tolerance=0.25),
     # The MiniLM job of `optbench run` (batch 16, seq 32) sized to finish in about 4 minutes on 2 CPU
-    # cores: a 30-step fine-tune instead of 100 steps (accuracy is lower than the run preset's).
+    # cores: a 30-step fine-tune instead of 100 steps (accuracy is lower than the run preset's); the harness check
+    # adds 3 to 10 minutes (about 30 s a pair).
     "default": _size("default", step_rounds=5, train_rounds=3, warmup_rounds=1, finetune_steps=30,
                      finetune_warmup_steps=5, eval_size=256, overhead_steps=20, overhead_warmup_steps=4,
-                     overhead_pairs=8, overhead_tolerance=0.03),
+                     overhead_min_pairs=6, overhead_max_pairs=20, overhead_tolerance=0.03),
     # GPUs: the nightly preset's job (batch 32, seq 64, 400 steps) and enough rounds for stable medians.
     "nightly": _size("nightly", step_rounds=50, train_rounds=30, warmup_rounds=5, finetune_steps=400,
                      finetune_warmup_steps=40, eval_size=1000, overhead_steps=200, overhead_warmup_steps=20,
-                     overhead_pairs=8, overhead_tolerance=0.03),
+                     overhead_min_pairs=4, overhead_max_pairs=12, overhead_tolerance=0.03),
 }
 
 
