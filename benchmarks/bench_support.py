@@ -8,6 +8,8 @@ Record fields by their Record names, plus `kind`; optbench.records.benchjson tur
 from __future__ import annotations
 
 import copy
+import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +19,9 @@ from optbench.job.spec import PRESETS, TrialSpec
 from optbench.optimizers import OptimizerSpec
 from optbench.probes import measure
 from optbench.records.record import Record
-from optbench.trial.run import describe_model, describe_state, device_name, record_from_spec
+from optbench.trial.engines.native import warm_up
+from optbench.trial.run import BANDWIDTH_SAMPLES, describe_model, describe_state, device_name, record_from_spec, setup
+from optbench.workloads import train_batches
 from optbench.workloads.base import take, to_device
 
 if TYPE_CHECKING:
@@ -135,3 +139,31 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: 
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     measure.synchronize(device)
+
+
+# What a trial does between its setup and its first timed step, in its order: the bandwidth probe (large buffers
+# allocated, freed, the heap trimmed), one warm-up forward/backward, the memory window's collection and heap trim.
+HARNESS_PREAMBLE: dict[str, Callable[[Any, torch.device], object]] = {
+    "bandwidth probe": lambda s, device: measure.triad_bandwidth_samples(device, BANDWIDTH_SAMPLES),
+    "warm-up pass": lambda s, device: warm_up(s),
+    "heap trim": lambda s, device: measure.release_freed_memory(),
+}
+
+
+def bare_step_median_s(spec: TrialSpec, device: torch.device, preamble: tuple[str, ...] = tuple(HARNESS_PREAMBLE)
+                       ) -> float:
+    """The job without the harness: the trial's own setup, the named parts of its preamble, then a bare loop over the
+    same batches, each moved to the device as the harness does; the median step over the steps the harness's
+    median covers. Each step ends synchronized, as the harness's step does."""
+    s = setup(spec, record_from_spec(spec))
+    for part in preamble:
+        HARNESS_PREAMBLE[part](s, device)
+    times = []
+    for cpu_batch in train_batches(s.built.train, spec.batch_size, spec.steps, spec.seed):
+        batch = to_device(cpu_batch, device)
+        start = measure.clock(device)
+        train_step(s.model, s.optimizer, batch, device)
+        s.scheduler.step()
+        times.append(measure.clock(device) - start)
+    # The harness keeps step 0 (state creation) and the warm-up steps out of its median; so does this.
+    return statistics.median(times[max(1, spec.warmup_steps):])

@@ -11,10 +11,10 @@ interval and the bare runs' spread. It never fails on noise. Load from other pro
 and a 2-thread torch on a busy 2-core machine slows down many-fold, so the check resolves anything only on an
 otherwise idle machine.
 
-The bare loop runs the trial's own setup and the harness's preamble before its steps (the bandwidth probe's
-buffers, one warm-up forward/backward, a collection and heap trim: `harness_preamble`), so the two differ in what
-the check is about, the per-step instrumentation; scripts/harness_factors.py measures what each part of that
-preamble does to a loop's steps on its own.
+The bare loop (bench_support.bare_step_median_s) runs the trial's own setup and the harness's preamble before its
+steps (the bandwidth probe's buffers, one warm-up forward/backward, a collection and heap trim), so the two differ
+in what the check is about, the per-step instrumentation; scripts/harness_factors.py measures what each part of
+that preamble does to a loop's steps on its own.
 """
 
 from __future__ import annotations
@@ -24,43 +24,14 @@ import statistics
 
 import pytest
 import torch
-from bench_support import BenchSize, extra_info, train_step, trial_spec
+from bench_support import BenchSize, bare_step_median_s, extra_info, trial_spec
 
-from optbench.job.spec import TrialSpec
 from optbench.probes import measure
 from optbench.report import stats
-from optbench.trial.engines.native import warm_up
-from optbench.trial.run import BANDWIDTH_SAMPLES, record_from_spec, run_trial, setup
-from optbench.workloads import train_batches
-from optbench.workloads.base import to_device
+from optbench.trial.run import run_trial
 
 HARNESS_EVAL_SIZE = 32  # the harness evaluates after training; this check does not need the accuracy
 WITHIN, OUTSIDE, UNRESOLVED = "within", "outside", "unresolved"
-
-
-def harness_preamble(s, device: torch.device) -> None:
-    """What a trial does between its setup and its first timed step: the bandwidth probe (large buffers allocated,
-    freed, the heap trimmed), one warm-up forward/backward, then the memory window's collection and heap trim."""
-    measure.triad_bandwidth_samples(device, BANDWIDTH_SAMPLES)
-    warm_up(s)
-    measure.release_freed_memory()
-
-
-def bare_step_median_s(spec: TrialSpec, device: torch.device) -> float:
-    """The same job without the harness: the trial's own setup and preamble, then a bare loop over the same
-    batches, each moved to the device as the harness does; the median step over the steps the harness's median
-    covers. Each step ends synchronized, as the harness's step does."""
-    s = setup(spec, record_from_spec(spec))
-    harness_preamble(s, device)
-    times = []
-    for cpu_batch in train_batches(s.built.train, spec.batch_size, spec.steps, spec.seed):
-        batch = to_device(cpu_batch, device)
-        start = measure.clock(device)
-        train_step(s.model, s.optimizer, batch, device)
-        s.scheduler.step()
-        times.append(measure.clock(device) - start)
-    # The harness keeps step 0 (state creation) and the warm-up steps out of its median; so does this.
-    return statistics.median(times[max(1, spec.warmup_steps):])
 
 
 def pair_interval(pair_ratios: list[float]) -> tuple[float, float | None, float | None]:

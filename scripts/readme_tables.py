@@ -113,22 +113,34 @@ def provenance_table() -> str:
     return pd.DataFrame(rows).to_markdown(index=False)
 
 
-def harness(key: str) -> str:
-    """A figure of the harness-vs-bare check (`pytest benchmarks -k harness --benchmark-json`)."""
+def harness_summary() -> str:
+    """The harness-vs-bare check's figure (`pytest benchmarks -k harness --benchmark-json`), published only where
+    its interval resolved the tolerance."""
     data = json.loads((RESULTS / "harness.json").read_text())
     info = next(b["extra_info"] for b in data["benchmarks"] if b["extra_info"].get("kind") == "harness_overhead")
-    within = abs(info["harness_to_bare_ratio"] - 1) <= info["tolerance"]
-    if key == "summary":  # the README: the figure only where the check could tell
-        if not info["conclusive"]:
-            return (f"unmeasured — the bare loop's own runs spread {info['bare_run_spread']:.1%} (inter-quartile "
-                    f"range over median), more than the {info['tolerance']:.0%} the check must resolve")
-        return (f"median pair ratio {info['harness_to_bare_ratio']:.3f}, {'within' if within else 'outside'} the "
-                f"{info['tolerance']:.0%} tolerance (bare runs' spread {info['bare_run_spread']:.1%})")
-    if key == "verdict":
-        return (f"within the {info['tolerance']:.0%} tolerance" if info["conclusive"] and within else
-                "not published: the check failed or was too noisy to tell")
-    return {"ratio": f"{info['harness_to_bare_ratio']:.3f}", "spread": f"{100 * info['bare_run_spread']:.1f} %",
-            "pairs": "–".join(f"{r:.3f}" for r in (min(info["pair_ratios"]), max(info["pair_ratios"])))}[key]
+    ratio, tolerance, pairs = info["harness_to_bare_ratio"], info["tolerance"], info["pair_ratios"]
+    low, high, verdict = info.get("ratio_low"), info.get("ratio_high"), info.get("resolution")
+    interval = f"95 % CI {low:.3f}–{high:.3f} over {len(pairs)} pairs" if low is not None else \
+        f"{len(pairs)} pairs, measured before the check computed an interval"
+    spread = f"bare runs' spread {info['bare_run_spread']:.1%}"
+    if verdict == "within":
+        return f"harness / bare {ratio:.3f}, {interval}: within the ±{tolerance:.0%} tolerance ({spread})"
+    if verdict == "outside":
+        return f"harness / bare {ratio:.3f}, {interval}: OUTSIDE the ±{tolerance:.0%} tolerance ({spread})"
+    return f"unmeasured — harness / bare {ratio:.3f}, {interval}, which does not resolve ±{tolerance:.0%} ({spread})"
+
+
+def harness_factors_table() -> str:
+    """scripts/harness_factors.py: each part of a trial's preamble (and the harness) against a bare loop."""
+    path = RESULTS / "harness-factors.json"
+    if not path.is_file():
+        return "not measured yet"
+    data = json.loads(path.read_text())
+    rows = [{"bare loop and": name, "step / bare step": f"{found['ratio']:.3f}",
+             "95 % CI": "n/a" if found["low"] is None else f"{found['low']:.3f}–{found['high']:.3f}"}
+            for name, found in data["ratio_to_bare"].items()]
+    return (pd.DataFrame(rows).to_markdown(index=False) + f"\n\n{data['rounds']} rounds, {data['threads']} "
+            "thread(s), every variant once per round in a rotating order")
 
 
 def side_by_side(*files: str) -> str:
@@ -330,6 +342,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "scaling": scaling_tables,
     "gate-campaign": gate_campaign_table,
     "gate-sleep": gate_sleep_table,
+    "harness-factors": harness_factors_table,
 }
 VALUES: dict[str, Callable[[], str]] = {
     "study.minutes": lambda: sweep_minutes("study.jsonl"),
@@ -342,11 +355,7 @@ VALUES: dict[str, Callable[[], str]] = {
     "explain.adamw8bit_hf": lambda: explain("adamw8bit_hf"),
     "predictor.band": predictor_band,
     "roofline.agreement": roofline_agreement,
-    "harness.ratio": lambda: harness("ratio"),
-    "harness.pairs": lambda: harness("pairs"),
-    "harness.spread": lambda: harness("spread"),
-    "harness.verdict": lambda: harness("verdict"),
-    "harness.summary": lambda: harness("summary"),
+    "harness.summary": harness_summary,
     "probe.sleep": lambda: slowdown_probe("sleep"),
     "probe.spin": lambda: slowdown_probe("spin"),
     "probe.padding": lambda: probe("padding"),
