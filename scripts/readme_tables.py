@@ -188,13 +188,23 @@ def explain(optimizer: str) -> str:
 
 
 def predictor_band() -> str:
-    """The band of the calibration this checkout ships (not a user's own, which would take precedence)."""
-    from optbench.memory import validation
-    from optbench.memory.calibration import read_calibrations, shipped_calibration_path
+    """The held-out trials' error from their own recorded predictions (what each trial predicted before it ran)."""
+    from optbench.memory import coverage
 
-    held = read_records(RESULTS / "predictor" / "held-out.jsonl")
-    table = validation.validation_table(held, read_calibrations(shipped_calibration_path("cpu"), "cpu"))
-    return validation.error_band(table, "cpu").describe()
+    return coverage.own_band(read_records(RESULTS / "predictor" / "held-out.jsonl")).describe()
+
+
+def predictor_coverage(part: str) -> str:
+    """The held-out margin's coverage on fresh trials of other shapes (optbench/memory/coverage.py)."""
+    from optbench.memory import coverage
+
+    fresh = RESULTS / "predictor" / "fresh.jsonl"
+    if not fresh.is_file():
+        return "not measured yet"
+    text, found = coverage.report(*(read_records(RESULTS / "predictor" / f"{name}.jsonl")
+                                    for name in ("calibration", "held-out", "fresh")))
+    return found.describe() if part == "summary" else found.table.sort_values(
+        ["workload", "optimizer", "batch", "seq"]).to_markdown(index=False, floatfmt=".1f")
 
 
 FIT_BUDGET = "1.5GiB"  # what `reference-results fit` passes to `optbench fit --memory`
@@ -336,6 +346,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "engines": lambda: side_by_side("engines/native.jsonl", "engines/trainer.jsonl", "engines/accelerate.jsonl"),
     "parallel": lambda: per_rank("parallel/ddp.jsonl", "parallel/zero1.jsonl", "parallel/fsdp2.jsonl"),
     "fit": fit_table,
+    "predictor-fresh": lambda: predictor_coverage("table"),
     "provenance": provenance_table,
     "fidelity": fidelity_table,
     "memory-split": memory_split,
@@ -354,6 +365,7 @@ VALUES: dict[str, Callable[[], str]] = {
     "resume-trainer.errors": lambda: resume_errors("resume-trainer.jsonl"),
     "explain.adamw8bit_hf": lambda: explain("adamw8bit_hf"),
     "predictor.band": predictor_band,
+    "predictor.coverage": lambda: predictor_coverage("summary"),
     "roofline.agreement": roofline_agreement,
     "harness.summary": harness_summary,
     "probe.sleep": lambda: slowdown_probe("sleep"),
