@@ -21,7 +21,7 @@ import pandas as pd
 
 from optbench.records.record import REFERENCE_OPTIMIZER, Record, job_label
 from optbench.report import metrics, stats
-from optbench.report.frame import MEM_SAVED, SPEED, summarize, time_to_target_by_job, trials_frame
+from optbench.report.frame import MEM_SAVED, SPEED, TARGET_SHARE, summarize, time_to_target_by_job, trials_frame
 from optbench.report.metrics import MEDIAN_INF, QUALITY, QUALITY_METRIC, TEXT, Metric
 
 __all__ = ["FORMATS", "render_html", "render_json", "render_markdown", "render_terminal", "summarize",
@@ -50,7 +50,9 @@ def metric_cell(row: pd.Series, metric: Metric) -> str:
         return str(value) if _present(value) else ""
     if metric.aggregate == MEDIAN_INF:
         n = _count(row, f"{column}_n")
-        return stats.TimeToTarget(float(value), _count(row, f"{column}_reached"), n).text(metric.decimals) if n else ""
+        spacing = row.get(f"{column}_resolution")  # the eval curve's: how finely it resolves the crossings
+        return stats.TimeToTarget(float(value), _count(row, f"{column}_reached"), n, spacing if _present(spacing)
+                                  else None).text(metric.decimals) if n else ""
     invalid = _count(row, f"{column}_invalid")
     if not _present(value):
         return metric.invalid_text if invalid else ""
@@ -133,8 +135,11 @@ def notes(rows: pd.DataFrame) -> str:
     metric = first["target_metric"]
     if _present(first.get("job_target")) and rows.get("time_to_target_s_n", pd.Series(dtype=float)).fillna(0).sum():
         sign = ">=" if first["target_mode"] == "max" else "<="
-        said.append(f"target: {metric} {sign} {first['job_target']:.4g} on the eval curve; time to target is the "
-                    "median over seeds, a seed that never reached it counting as infinite")
+        when = ("fixed before the runs" if first.get("job_target_fixed") is True else
+                f"set after the fact: {TARGET_SHARE:g} x the best final mean (give --target to fix it)")
+        said.append(f"target: {metric} {sign} {first['job_target']:.4g} on the eval curve ({when}); time to target "
+                    "is the median over seeds, a seed that never reached it counting as infinite, each crossing "
+                    "interpolated between the two evaluations around it (the curve's spacing is its resolution)")
     tuned = rows[rows["tune_steps"].notna()] if "tune_steps" in rows else rows[:0]
     if len(tuned):
         budget, steps = int(tuned["tune_steps"].max()), first.get("steps")
@@ -204,14 +209,20 @@ def render_json(summary: pd.DataFrame) -> str:
     return summary.to_json(orient="records", indent=1, force_ascii=False) + "\n"
 
 
-def _first_to_target(group: pd.DataFrame) -> pd.Series | None:
-    """The fastest median time to target among the optimizers that reached it on every seed: one that missed
-    on any seed is never called first."""
+def _first_to_target(group: pd.DataFrame) -> str | None:
+    """The sentence on the fastest median time to target among the optimizers that reached it on every seed (one
+    that missed on any seed is never called first); a lead no larger than the eval curve's resolution is no lead."""
     if "time_to_target_s_n" not in group:
         return None
-    everywhere = group[(group["time_to_target_s_n"].fillna(0) > 0)
-                       & (group["time_to_target_s_reached"] == group["time_to_target_s_n"])]
-    return everywhere.loc[everywhere["time_to_target_s"].astype(float).idxmin()] if len(everywhere) else None
+    n = group["time_to_target_s_n"].fillna(0)
+    reached = group[(n > 0) & (group["time_to_target_s_reached"] == n)]
+    times = reached["time_to_target_s"].astype(float).sort_values()
+    spacing = pd.to_numeric(reached.get("time_to_target_s_resolution"), errors="coerce").max()
+    if len(times) > 1 and _present(spacing) and times.iloc[1] - times.iloc[0] <= spacing:
+        tied = ", ".join(str(reached.loc[i, "optimizer"]) for i in times.index if times[i] - times.iloc[0] <= spacing)
+        return f"no first to the target: {tied} reach it within the eval curve's {spacing:,.1f} s resolution"
+    return (f"first to the target on every seed: {reached.loc[times.index[0], 'optimizer']} (median "
+            f"{times.iloc[0]:,.1f} s)") if len(times) else None
 
 
 def verdict_sentences(group: pd.DataFrame) -> list[str]:
@@ -230,10 +241,7 @@ def verdict_sentences(group: pd.DataFrame) -> list[str]:
     if len(timed):
         fast = timed.loc[timed["step_ms"].idxmin()]
         said.append(f"fastest step: {fast['optimizer']} ({fast['step_ms']:,.0f} ms)")
-    first = _first_to_target(group)
-    if first is not None:
-        said.append(f"first to the target on every seed: {first['optimizer']} "
-                    f"(median {first['time_to_target_s']:,.1f} s)")
+    said += [sentence for sentence in [_first_to_target(group)] if sentence]
     by_verdict: dict[str, list[str]] = {}  # one sentence per verdict, naming every optimizer it holds for
     for _, r in group.iterrows():
         if verdict_phrase(r):

@@ -8,7 +8,8 @@
   significant difference" is not a verdict: an interval of ±11 points rules out nothing a user cares about.
 - Times: compare's run-to-run interval lives in noise.py (processes, not steps, are the repeats).
 - Time to target the AlgoPerf way: a seed that never reaches the target counts as infinite time, the
-  median over seeds is the figure, and "reached k/n" goes beside it.
+  median over seeds is the figure, and "reached k/n" goes beside it; each crossing is interpolated between the
+  evaluations around it, and the time between those evaluations is reported as its resolution.
 - The Pareto front, the performance profile and its score, and the study's lr choice (`choose_lr`).
 """
 
@@ -170,12 +171,32 @@ def paired_verdict(candidate: Mapping[int, float], reference: Mapping[int, float
 
 # --- time to target, Pareto front, performance profile ---------------------------------------------------
 
-def reached(curve: object, target: float, mode: str) -> tuple[float, float] | None:
-    """(step, training seconds) of the first eval-curve point at or beyond `target`; None if never."""
+@dataclass(frozen=True)
+class Crossing:
+    """Where an eval curve first reaches a target: step and training seconds, interpolated linearly between the
+    last point short of it and the first at or past it, and the width of that bracket in seconds — the time
+    between two evaluations, which is how finely the curve resolves the crossing (the first point's bracket starts
+    at 0 s: nothing was evaluated before it)."""
+
+    step: float
+    seconds: float
+    bracket_s: float
+
+
+def reached(curve: object, target: float, mode: str) -> Crossing | None:
+    """The first crossing of `target` on an eval curve of [step, training seconds, value] points; None if never."""
+    before = None
     for point in curve if isinstance(curve, list) else []:
-        step, seconds, value = point[:3]
-        if is_finite(value) and (value >= target if mode == "max" else value <= target):
-            return float(step), float(seconds)
+        step, seconds, value = (float(v) if v is not None else math.nan for v in point[:3])
+        if not is_finite(value):
+            continue
+        if value >= target if mode == "max" else value <= target:
+            if before is None:
+                return Crossing(step, seconds, seconds)
+            share = (target - before[2]) / (value - before[2]) if value != before[2] else 1.0
+            return Crossing(before[0] + share * (step - before[0]), before[1] + share * (seconds - before[1]),
+                            seconds - before[1])
+        before = (step, seconds, value)
     return None
 
 
@@ -186,6 +207,7 @@ class TimeToTarget:
     median: float  # inf when at least half the seeds missed
     reached: int
     n: int
+    resolution: float | None = None  # the seconds between the evaluations that bracket the crossings (median)
 
     @property
     def everywhere(self) -> bool:
@@ -194,7 +216,9 @@ class TimeToTarget:
 
     def text(self, decimals: int = 1) -> str:
         value = "missed" if math.isinf(self.median) else f"{self.median:,.{decimals}f}"
-        return f"{value} (reached {self.reached}/{self.n})"
+        finer = "" if self.resolution is None or math.isinf(self.median) else \
+            f"; curve every {self.resolution:,.{decimals}f}"
+        return f"{value} (reached {self.reached}/{self.n}{finer})"
 
 
 def time_to_target(values: Iterable[float | None]) -> TimeToTarget | None:
