@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from optbench.memory.validation import device_kind, measured_peak, usable
 from optbench.memory.calibration import ErrorBand
+from optbench.memory.validation import device_kind, measured_peak, usable
 from optbench.records.record import MIB, Record, read_records
 
 REQUIRED_COVERAGE = 0.95

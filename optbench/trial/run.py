@@ -183,14 +183,14 @@ def evaluate_final(s: Setup, record: Record) -> None:
 
 
 def time_to_target(record: Record, target: float) -> None:
-    """Steps and training seconds to the first curve point at or past `target` (None when never reached), by the
-    report's one rule (optbench/report/stats.py `reached`)."""
+    """Steps and training seconds to where the eval curve reaches `target`, interpolated between the evaluations
+    around it as the report reads it (report/stats.reached; None when never reached)."""
     from optbench.report.stats import reached
 
     record.target_value = target
     hit = reached(record.eval_curve, target, record.target_mode)
     if hit is not None:
-        record.steps_to_target, record.time_to_target_s = int(hit[0]), hit[1]
+        record.steps_to_target, record.time_to_target_s = round(hit.step), hit.seconds
 
 
 def check_divergence(record: Record, chance_loss: float) -> None:
