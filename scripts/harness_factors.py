@@ -63,6 +63,9 @@ def ratio_interval(ratios: list[float]) -> dict[str, float | None]:
 
 
 def main(argv: list[str]) -> int:
+    if not argv or not all(a.replace(".", "", 1).isdigit() for a in argv[1:3]):
+        print("usage: python scripts/harness_factors.py OUT.json [ROUNDS] [THREADS] [PRESET]", file=sys.stderr)
+        return 2
     out = Path(argv[0])
     rounds = int(argv[1]) if len(argv) > 1 else 8
     torch.set_num_threads(int(argv[2]) if len(argv) > 2 else 1)  # the check runs both sides single-threaded

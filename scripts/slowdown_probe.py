@@ -49,6 +49,9 @@ def _wait(mode: str, seconds: float) -> float:
 
 
 def main(argv: list[str]) -> int:
+    if not argv or not all(a.replace(".", "", 1).isdigit() for a in argv[1:3]):
+        print("usage: python scripts/slowdown_probe.py OUT.json [FRACTION] [BLOCKS] [WORKLOAD]", file=sys.stderr)
+        return 2
     out, fraction = Path(argv[0]), float(argv[1]) if len(argv) > 1 else 0.3
     blocks = int(argv[2]) if len(argv) > 2 else 6
     spec = dataclasses.replace(SPEC, workload=argv[3]) if len(argv) > 3 else SPEC  # `tiny`: a quick smoke run

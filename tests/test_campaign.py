@@ -53,3 +53,15 @@ def test_rates_come_with_their_counts_and_the_measured_change(tmp_path):
 
 def test_no_campaign_yet(tmp_path):
     assert campaign.summary_markdown(tmp_path) == "not measured yet"
+
+
+def test_the_campaign_scripts_say_how_to_call_them():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    for command in (["bash", "scripts/gate-campaign"], [sys.executable, "scripts/slowdown_probe.py"],
+                    [sys.executable, "scripts/harness_factors.py", "out.json", "many"]):
+        result = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 2 and result.stderr.strip().startswith("usage:"), result.stderr
