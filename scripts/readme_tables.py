@@ -99,14 +99,18 @@ def _shown(values: list, fmt: str = "{}") -> str:
 def provenance_table() -> str:
     """Per results file: how many stamps it holds, the commit(s) it was measured at, whether the checkout was dirty
     and the 1-minute load while it was measured (above the two cores, neighbours shared the machine)."""
-    rows = []
+    groups: dict[str, list[dict]] = {}
     for path in results_files():
-        stamps = _stamps(path)
+        run = path.stem.startswith("run-")  # one of a campaign's runs: one row per folder of them
+        name = str((path.parent / f"run-*{path.suffix}" if run else path).relative_to(RESULTS))
+        groups.setdefault(name, []).extend(_stamps(path))
+    rows = []
+    for name, stamps in groups.items():
         if not stamps:
             continue
         loads = [s["load_avg_1m"] for s in stamps if isinstance(s.get("load_avg_1m"), int | float)]
         dirty = [{True: "dirty", False: "clean"}.get(s.get("git_dirty"), "not stamped") for s in stamps]
-        rows.append({"results file": str(path.relative_to(RESULTS)), "stamps": len(stamps),
+        rows.append({"results file": name, "stamps": len(stamps),
                      "commit": _shown([str(s["git_commit"])[:7] for s in stamps if s.get("git_commit")], "`{}`"),
                      "tree": _shown(dirty),
                      "1-min load": f"{min(loads):.1f}–{max(loads):.1f}" if loads else "not stamped"})
