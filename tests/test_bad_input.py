@@ -90,6 +90,9 @@ CASES = [
     (["explain", "adamw", "--model", "not-a-model"], "cannot read the config of model 'not-a-model'"),
     # list takes nothing
     (["list", "--all"], "unrecognized arguments: --all"),
+    # calibrate-bandwidth: a device that does not exist, no passes
+    (["calibrate-bandwidth", "--device", "tpu"], "unknown device 'tpu'; use auto, cpu, cuda or cuda:N"),
+    (["calibrate-bandwidth", "--passes", "0"], "--passes: must be positive"),
 ]
 
 
