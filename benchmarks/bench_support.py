@@ -8,6 +8,8 @@ Record fields by their Record names, plus `kind`; optbench.records.benchjson tur
 from __future__ import annotations
 
 import copy
+import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -15,11 +17,13 @@ import torch
 
 from optbench.job.spec import PRESETS, TrialSpec
 from optbench.optimizers import OptimizerSpec
-from optbench.probes import measure
+from optbench.probes import measure, triad
 from optbench.records.record import Record
 from optbench.trial.describe import describe_model, describe_state
-from optbench.trial.run import device_name
+from optbench.trial.engines.loop import warm_up
+from optbench.trial.run import BANDWIDTH_SAMPLES, device_name, setup
 from optbench.trial.settings import settings_record
+from optbench.workloads import train_batches
 from optbench.workloads.base import take, to_device
 
 if TYPE_CHECKING:
@@ -45,7 +49,8 @@ class BenchSize:
     eval_size: int
     overhead_steps: int  # steps per run in the harness-vs-bare comparison
     overhead_warmup_steps: int
-    overhead_pairs: int  # (bare, harness) pairs of runs, interleaved in ABBA order
+    overhead_min_pairs: int  # (bare, harness) pairs of runs, interleaved in ABBA order, before the interval is read
+    overhead_max_pairs: int  # pairs at most: the interval still straddling the tolerance then, it is unmeasured
     overhead_tolerance: float  # |harness / bare - 1| allowed
 
 
@@ -62,16 +67,17 @@ SIZES: dict[str, BenchSize] = {
     # only catches gross overhead (a stray sync, a per-step write); the 3 % target is default's and nightly's.
     "smoke": _size("smoke", workload="tiny", step_rounds=5, train_rounds=5, warmup_rounds=2, finetune_steps=8,
                    finetune_warmup_steps=2, eval_size=64, overhead_steps=40, overhead_warmup_steps=5,
-                   overhead_pairs=5, overhead_tolerance=0.25),
+                   overhead_min_pairs=3, overhead_max_pairs=6, overhead_tolerance=0.25),
     # The MiniLM job of `optbench run` (batch 16, seq 32) sized to finish in about 4 minutes on 2 CPU
-    # cores: a 30-step fine-tune instead of 100 steps (accuracy is lower than the run preset's).
+    # cores: a 30-step fine-tune instead of 100 steps (accuracy is lower than the run preset's); the harness check
+    # adds 3 to 10 minutes (about 30 s a pair).
     "default": _size("default", step_rounds=5, train_rounds=3, warmup_rounds=1, finetune_steps=30,
                      finetune_warmup_steps=5, eval_size=256, overhead_steps=20, overhead_warmup_steps=4,
-                     overhead_pairs=8, overhead_tolerance=0.03),
+                     overhead_min_pairs=6, overhead_max_pairs=20, overhead_tolerance=0.03),
     # GPUs: the nightly preset's job (batch 32, seq 64, 400 steps) and enough rounds for stable medians.
     "nightly": _size("nightly", step_rounds=50, train_rounds=30, warmup_rounds=5, finetune_steps=400,
                      finetune_warmup_steps=40, eval_size=1000, overhead_steps=200, overhead_warmup_steps=20,
-                     overhead_pairs=8, overhead_tolerance=0.03),
+                     overhead_min_pairs=4, overhead_max_pairs=12, overhead_tolerance=0.03),
 }
 
 
@@ -134,3 +140,31 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: 
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     measure.synchronize(device)
+
+
+# What a trial does between its setup and its first timed step, in its order: the bandwidth probe (large buffers
+# allocated, freed, the heap trimmed), one warm-up forward/backward, the memory window's collection and heap trim.
+HARNESS_PREAMBLE: dict[str, Callable[[Any, torch.device], object]] = {
+    "bandwidth probe": lambda s, device: triad.triad_bandwidth_samples(device, BANDWIDTH_SAMPLES),
+    "warm-up pass": lambda s, device: warm_up(s),
+    "heap trim": lambda s, device: measure.release_freed_memory(),
+}
+
+
+def bare_step_median_s(spec: TrialSpec, device: torch.device, preamble: tuple[str, ...] = tuple(HARNESS_PREAMBLE)
+                       ) -> float:
+    """The job without the harness: the trial's own setup, the named parts of its preamble, then a bare loop over the
+    same batches, each moved to the device as the harness does; the median step over the steps the harness's
+    median covers. Each step ends synchronized, as the harness's step does."""
+    s = setup(spec, settings_record(spec))
+    for part in preamble:
+        HARNESS_PREAMBLE[part](s, device)
+    times = []
+    for cpu_batch in train_batches(s.built.train, spec.batch_size, spec.steps, spec.seed):
+        batch = to_device(cpu_batch, device)
+        start = measure.clock(device)
+        train_step(s.model, s.optimizer, batch, device)
+        s.scheduler.step()
+        times.append(measure.clock(device) - start)
+    # The harness keeps step 0 (state creation) and the warm-up steps out of its median; so does this.
+    return statistics.median(times[max(1, spec.warmup_steps):])

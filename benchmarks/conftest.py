@@ -75,6 +75,7 @@ def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: di
     device = _device(config)
     env = environment(device)  # the GPU the suite ran on
     machine_info.update({key: env.get(key) for key in MACHINE_KEYS})
+    machine_info.update(load_avg_1m=env.get("load_avg_1m"), git_dirty=env.get("git_dirty"))  # provenance
     machine_info["optbench_preset"] = _preset_name(config)
     machine_info["optbench_device"] = str(device)
 

@@ -78,6 +78,7 @@ CASES = [
     (FIT + ["--model", "not-a-model"], "not-a-model"),
     (FIT + ["--workload", "nosuch"], "unknown workload 'nosuch'; known: minilm"),
     (FIT + ["--device", "tpu"], "unknown device 'tpu'; use auto, cpu, cuda or cuda:N"),
+    (FIT + ["--repeats", "1"], "--repeats must be at least 2"),  # one trial cannot measure a size's jitter
     # nightly: a missing baseline flag, a preset or optimizer that does not exist, not run from the repository
     (NIGHT[:1] + NIGHT[3:], "nightly needs --baseline"),
     (NIGHT + ["--preset", "huge"], "--preset: invalid choice"),
@@ -89,6 +90,9 @@ CASES = [
     (["explain", "adamw", "--model", "not-a-model"], "cannot read the config of model 'not-a-model'"),
     # list takes nothing
     (["list", "--all"], "unrecognized arguments: --all"),
+    # calibrate-bandwidth: a device that does not exist, no passes
+    (["calibrate-bandwidth", "--device", "tpu"], "unknown device 'tpu'; use auto, cpu, cuda or cuda:N"),
+    (["calibrate-bandwidth", "--passes", "0"], "--passes: must be positive"),
 ]
 
 

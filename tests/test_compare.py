@@ -6,10 +6,11 @@ import json
 
 import numpy as np
 import pytest
+from scipy import stats as scipy_stats
 
 from optbench.__main__ import main
 from optbench.records.record import Record, append_record
-from optbench.report import compare, metrics, stats
+from optbench.report import compare, environments, metrics, noise
 
 MIB = 2**20
 JOB = dict(model="m", dataset="d", device="cpu", steps=10, batch_size=4, seq_len=8, workload="w")
@@ -160,50 +161,85 @@ def _noisy(n, scale=1.0, spread=0.05, seed=0):
     return list(0.2 * scale * np.exp(spread * np.random.default_rng(seed).standard_normal(n)))
 
 
-def test_bootstrap_ci_brackets_the_true_ratio_and_is_reproducible():
-    ratio, low, high = stats.bootstrap_ratio_of_medians(_noisy(40, seed=1), _noisy(40, scale=1.3, seed=2))
-    assert low < 1.3 < high and low < ratio < high
-    assert stats.bootstrap_ratio_of_medians(_noisy(40, seed=1), _noisy(40, scale=1.3, seed=2)) == (ratio, low, high)
+def _runs(n, scale=1.0, between=0.03, within=0.05, seed=0, steps=30):
+    """n processes (seeds) of one optimizer: each run's level drawn around 0.2 s * scale with a relative spread
+    `between` (what a whole process shifts by), its steps around that level with a relative spread `within`."""
+    rng = np.random.default_rng(seed)
+    levels = scale * np.exp(between * rng.standard_normal(n))
+    return [_timed("adamw", list(level * np.array(_noisy(steps, spread=within, seed=seed * 100 + i))), seed=i)
+            for i, level in enumerate(levels)]
 
 
-def test_same_distribution_twice_is_within_noise(tmp_path, capsys):
-    base = _write(tmp_path / "a.jsonl", [_timed("adamw", _noisy(30, seed=1))])
-    new = _write(tmp_path / "b.jsonl", [_timed("adamw", _noisy(30, seed=2))])
-    assert main(["compare", str(base), str(new)]) == 0
-    assert "within noise" in capsys.readouterr().out
+def test_the_interval_is_student_t_on_the_log_process_medians_pooled_within_groups():
+    base, new = [1.00, 1.02, 0.98], [1.30, 1.27, 1.33]
+    found = noise.change(base, new)
+    logs_b, logs_n = np.log(base), np.log(new)
+    pooled = np.sqrt((((logs_b - logs_b.mean()) ** 2).sum() + ((logs_n - logs_n.mean()) ** 2).sum()) / 4)
+    half = scipy_stats.t.ppf(0.975, 4) * pooled * np.sqrt(2 / 3)
+    diff = logs_n.mean() - logs_b.mean()
+    assert found.ratio == pytest.approx(np.exp(diff)) and found.runs == (3, 3) and found.basis == "between-run"
+    assert (found.low, found.high) == pytest.approx((np.exp(diff - half), np.exp(diff + half)))
+    assert found.between_run == pytest.approx(pooled)
+    assert noise.change([1.0, 1.1], [1.2, 1.3]).low is None  # two runs a side: no interval
+    assert noise.change([1.0], [1.3]).basis == "too few runs"
 
 
-def test_thirty_percent_slower_steps_fail_with_their_ci(tmp_path, capsys):
-    base = _write(tmp_path / "a.jsonl", [_timed("adamw", _noisy(30, seed=1))])
-    slow = _write(tmp_path / "b.jsonl", [_timed("adamw", _noisy(30, scale=1.45, seed=2))])
-    slight = _write(tmp_path / "c.jsonl", [_timed("adamw", _noisy(30, scale=1.15, seed=2))])
-    # CPU records get the CPU's calibrated 25 % by default: a 15 % slowdown is inside it ...
-    assert main(["compare", str(base), str(slight)]) == 0
-    capsys.readouterr()
-    # ... a 45 % one is past it, its whole interval too, and the line shows that interval ...
+def test_one_run_per_side_has_no_interval_and_the_threshold_decides(tmp_path, capsys):
+    base = _write(tmp_path / "a.jsonl", _runs(1, seed=1))
+    slow = _write(tmp_path / "b.jsonl", _runs(1, scale=1.4, seed=2))
+    assert main(["compare", str(base), str(slow)]) == 1  # +40 % against the CPU's 25 %, no interval
+    out = capsys.readouterr().out
+    assert "no CI: too few runs; runs 1+1, within-run ±" in out
+    line = next(x for x in out.splitlines() if x.startswith("- adamw [") and "optimizer step" in x)
+    assert "95 % CI" not in line and "(limit 25 %)" in line
+
+
+def test_three_runs_per_side_give_an_interval_from_their_spread_not_from_their_steps(tmp_path, capsys):
+    """Steps spread 20 % inside each run, runs 2 % between one another: the interval is as narrow as the runs
+    agree, and both spreads are shown."""
+    base = _write(tmp_path / "a.jsonl", _runs(3, between=0.02, within=0.2, seed=1))
+    slow = _write(tmp_path / "b.jsonl", _runs(3, scale=1.45, between=0.02, within=0.2, seed=2))
+    comparison = compare.compare(compare_records(base), compare_records(slow), compare.DEFAULT_THRESHOLDS["cpu"])
+    (row,) = comparison.rows.itertuples()
+    assert row.step_ms_low > 25 and row.step_ms_test == "between-run" and row.step_ms_runs == "3+3"
+    assert row.step_ms_between_run < 5 < 10 < row.step_ms_within_run
     assert main(["compare", str(base), str(slow)]) == 1
-    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("- adamw [") and "optimizer step" in x)
-    assert "95 % CI" in line and "(limit 25 %)" in line
-    # ... and a stricter threshold is one option away.
-    assert main(["compare", str(base), str(slight), "--max-slowdown", "5"]) == 1
+    out = capsys.readouterr().out
+    assert "runs 3+3, between-run ±" in out and "within-run ±" in out
 
 
-def test_beyond_the_threshold_but_inside_the_noise_is_not_a_regression(tmp_path, capsys):
-    """Exactly 15 % slower (same draws, scaled) among steps spread by ~60 %: the CI reaches below +10 %."""
-    base = _write(tmp_path / "a.jsonl", [_timed("adamw", _noisy(6, spread=0.6, seed=3))])
-    new = _write(tmp_path / "b.jsonl", [_timed("adamw", _noisy(6, scale=1.15, spread=0.6, seed=3))])
-    comparison = compare.compare(compare_records(base), compare_records(new), compare.Thresholds())
+def test_runs_that_disagree_are_noise_however_steady_each_run_was(tmp_path):
+    """One commit twice: runs shifted 8 % from one another, steps within a run 1 % apart. A bootstrap over one
+    run's steps would call such a shift real; between runs it is within noise."""
+    base = _write(tmp_path / "a.jsonl", _runs(3, between=0.08, within=0.01, seed=5))
+    again = _write(tmp_path / "b.jsonl", _runs(3, between=0.08, within=0.01, seed=6))
+    comparison = compare.compare(compare_records(base), compare_records(again), compare.Thresholds(5.0))
     (row,) = comparison.rows.itertuples()
-    assert row.step_ms_delta > 10 and row.step_ms_low < 10
-    assert comparison.regressions == []
+    assert row.step_ms_low < 0 < row.step_ms_high and comparison.regressions == []
 
 
-def test_a_clear_change_below_the_threshold_is_shown_but_passes(tmp_path):
-    base = _write(tmp_path / "a.jsonl", [_timed("adamw", _noisy(50, spread=0.01, seed=1))])
-    new = _write(tmp_path / "b.jsonl", [_timed("adamw", _noisy(50, scale=1.05, spread=0.01, seed=2))])
-    comparison = compare.compare(compare_records(base), compare_records(new), compare.Thresholds())
-    (row,) = comparison.rows.itertuples()
-    assert row.step_ms_low > 0 and comparison.regressions == []  # real, yet inside the 10 % allowance
+def test_a_recorded_history_of_same_commit_runs_makes_the_interval_of_single_runs(tmp_path):
+    history = [dataclasses.replace(r, env={"git_commit": commit}, trial_id=f"{commit}-{r.trial_id}")
+               for commit, scale in (("a", 1.0), ("b", 1.5))  # two commits far apart: not noise, not pooled
+               for r in _runs(4, scale=scale, between=0.02, seed=ord(commit))]
+    base, slow = _runs(1, seed=7), _runs(1, scale=1.4, seed=8)
+    without = compare.compare(base, slow, compare.Thresholds(10.0))
+    with_history = compare.compare(base, slow, compare.Thresholds(10.0), history)
+    (row,) = without.rows.itertuples()
+    assert row.step_ms_low is None and row.step_ms_test == "threshold"
+    (row,) = with_history.rows.itertuples()
+    assert row.step_ms_test == "between-run + history" and 10 < row.step_ms_low < row.step_ms_delta
+    assert row.step_ms_between_run < 4  # the two commits' 50 % apart stayed out of the spread
+
+
+def test_a_folder_of_runs_is_one_side(tmp_path, capsys):
+    runs = tmp_path / "base"
+    runs.mkdir()
+    for i, record in enumerate(_runs(3, seed=3)):
+        _write(runs / f"run-{i}.jsonl", [record])
+    slow = _write(tmp_path / "b.jsonl", _runs(3, scale=1.5, seed=4))
+    assert main(["compare", str(runs), str(slow)]) == 1
+    assert "runs 3+3" in capsys.readouterr().out
 
 
 def compare_records(path):
@@ -249,7 +285,7 @@ def test_environment_mismatch_warns_and_strict_env_refuses(tmp_path, capsys):
 
 def test_a_library_missing_in_one_run_is_a_difference():
     without, with_it = _stamped(BASE, torchao=None), _stamped(BASE, torchao="0.18.0")
-    assert compare.environment_differences(without, with_it) == ["torchao: None → 0.18.0"]
+    assert environments.environment_differences(without, with_it) == ["torchao: None → 0.18.0"]
 
 
 def test_peak_memory_floor_ignores_small_absolute_growth():
@@ -267,7 +303,7 @@ def test_the_cpu_generation_and_kernel_set_are_compared():
     """Two VMs can both say "AMD EPYC": family/model and torch's kernel set still tell them apart."""
     zen3 = _stamped(BASE, cpu="AMD EPYC", cpu_model="family 25 model 1 stepping 1", cpu_capability="AVX2")
     zen4 = _stamped(BASE, cpu="AMD EPYC", cpu_model="family 25 model 17 stepping 1", cpu_capability="AVX512")
-    assert compare.environment_differences(zen3, zen4) == [
+    assert environments.environment_differences(zen3, zen4) == [
         "cpu_model: family 25 model 1 stepping 1 → family 25 model 17 stepping 1", "cpu_capability: AVX2 → AVX512"]
 
 

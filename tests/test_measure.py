@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.utils._pytree import tree_map
 
-from optbench.probes import measure, slowdown, timing
+from optbench.probes import measure, slowdown, timing, triad
 from optbench.probes.timing import STEP_MARKS
 from optbench.records.record import Record
 
@@ -100,17 +100,17 @@ def test_step_seconds_adds_the_three_timed_intervals_and_leaves_the_gaps_out():
 
 
 def test_triad_bandwidth_on_cpu_is_one_rate_per_pass(monkeypatch):
-    monkeypatch.setattr(measure, "last_level_cache_bytes", lambda: 2 * 2**20)  # 4 MiB operands: quick
-    rates = measure.triad_bandwidth_samples(torch.device("cpu"), samples=3)
+    monkeypatch.setattr(triad, "last_level_cache_bytes", lambda: 2 * 2**20)  # 4 MiB operands: quick
+    rates = triad.triad_bandwidth_samples(torch.device("cpu"), samples=3)
     assert len(rates) == 3 and min(rates) > 1e8  # any memory system moves more than 100 MB/s
 
 
 def test_cuda_bandwidth_buffer_is_large_but_never_the_trials_oom():
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
-    assert measure.bandwidth_buffer_bytes(cuda) == 512 * 2**20  # events time a pass of this well
-    assert measure.bandwidth_buffer_bytes(cuda, room_bytes=80 * 2**30) == 512 * 2**20
-    assert measure.bandwidth_buffer_bytes(cuda, room_bytes=400 * 2**20) == 100 * 2**20  # under a --max-memory cap
-    assert measure.bandwidth_buffer_bytes(cpu, room_bytes=1) == 2 * measure.last_level_cache_bytes()
+    assert triad.bandwidth_buffer_bytes(cuda) == 512 * 2**20  # events time a pass of this well
+    assert triad.bandwidth_buffer_bytes(cuda, room_bytes=80 * 2**30) == 512 * 2**20
+    assert triad.bandwidth_buffer_bytes(cuda, room_bytes=400 * 2**20) == 100 * 2**20  # under a --max-memory cap
+    assert triad.bandwidth_buffer_bytes(cpu, room_bytes=1) == 2 * triad.last_level_cache_bytes()
 
 
 class _FakeDevice:
@@ -133,7 +133,7 @@ def test_injected_slowdown_is_proportional_to_the_steps_device_time(monkeypatch)
     device, slept = _FakeDevice(), []
     monkeypatch.setattr(timing, "synchronize", device.synchronize)
     monkeypatch.setattr(timing, "time", SimpleNamespace(perf_counter=lambda: device.now))  # the clock
-    monkeypatch.setattr(slowdown, "time", SimpleNamespace(sleep=slept.append))  # the knob's sleep
+    monkeypatch.setattr(slowdown, "busy_wait", slept.append)  # the knob's wait
     monkeypatch.setenv(slowdown.SLOWDOWN_ENV, "0.5")
     param = torch.nn.Parameter(torch.ones(2))
     optimizer = torch.optim.SGD([param], lr=0.1)
@@ -155,11 +155,20 @@ def test_slowdown_knob_is_off_unless_set_and_slows_step_when_set(monkeypatch):
     assert optimizer.step == original  # untouched: no cost in real runs
     monkeypatch.setenv(slowdown.SLOWDOWN_ENV, "1.0")
     slept = []
-    monkeypatch.setattr(timing.time, "sleep", slept.append)
+    monkeypatch.setattr(slowdown, "busy_wait", slept.append)
     slowdown.slow_down_if_asked(optimizer)
     param.grad = torch.ones(4)
     optimizer.step()
     assert len(slept) == 1 and slept[0] > 0 and torch.allclose(param.detach(), torch.full((4,), 0.9))
+
+
+def test_the_knob_holds_the_core_until_its_mark_and_never_sleeps(monkeypatch):
+    """A sleep hands the core away and comes back late to a cooler machine (docs/benchmarks.md); the knob spins."""
+    ticks = iter(range(100))
+    monkeypatch.setattr(slowdown, "time", SimpleNamespace(perf_counter=lambda: next(ticks) * 0.001,
+                                                        sleep=lambda s: pytest.fail("the knob slept")))
+    slowdown.busy_wait(0.0105)
+    assert next(ticks) == 12  # the mark read at tick 0, then the clock until past 0.0105 s (tick 11), then done
 
 
 @pytest.mark.skipif(measure.peak_rss_bytes() is None or not measure.reset_peak_rss(),
@@ -213,7 +222,7 @@ def test_a_slowed_optimizer_still_takes_an_lr_schedule_in_either_order(monkeypat
 
     monkeypatch.setenv(slowdown.SLOWDOWN_ENV, "0.5")
     slept = []
-    monkeypatch.setattr(timing.time, "sleep", slept.append)
+    monkeypatch.setattr(slowdown, "busy_wait", slept.append)
     for schedule_first in (False, True):  # the trial slows first; a parallel mode's rebuilt optimizer after
         param = torch.nn.Parameter(torch.ones(4))
         optimizer = torch.optim.SGD([param], lr=0.1)
@@ -238,9 +247,9 @@ def test_a_peak_rss_that_cannot_be_reset_is_said_not_silently_recorded(monkeypat
 
 
 def test_a_guessed_cache_size_is_said(monkeypatch, tmp_path):
-    monkeypatch.setattr(measure, "_CPU_CACHE", tmp_path)  # a sysfs folder without cache entries
+    monkeypatch.setattr(triad, "_CPU_CACHE", tmp_path)  # a sysfs folder without cache entries
     with pytest.warns(measure.MeasurementWarning, match="assumes a 32 MiB last-level cache"):
-        assert measure.last_level_cache_bytes() == measure.GUESSED_CACHE_BYTES
+        assert triad.last_level_cache_bytes() == triad.GUESSED_CACHE_BYTES
 
 
 def test_the_slowdown_knob_reaches_production_code_through_one_seam():

@@ -36,7 +36,7 @@ def test_values_from_a_cpu_and_a_cuda_record():
     cuda = metrics.record_values(_record(peak_cuda_allocated_bytes=600 * MIB, peak_memory_bytes=600 * MIB,
                                          predicted_peak_bytes=660 * MIB, device_bandwidth_bytes_per_s=2.5e12))
     assert (cuda["peak_mib"], cuda["train_mem_mib"], cuda["held_mib"]) == (600, 600, None)  # held: CPU only
-    assert cuda["peak_prediction_error_pct"] == pytest.approx(10.0) and cuda["bandwidth_gb_s"] == 2500
+    assert cuda["peak_prediction_error_pct"] == pytest.approx(10.0) and cuda["probe_gb_s"] == 2500
     lm = metrics.record_values(_record(target_metric="perplexity", target_mode="min",
                                        eval_metrics={"perplexity": 3.5, "loss": 1.25}))
     assert lm["eval_target"] == 3.5

@@ -18,16 +18,23 @@ from optbench.workflows import nightly
 
 MIB = 2**20
 JOB = dict(model="m", dataset="d", device="cpu", steps=8, batch_size=8, seq_len=32, workload="tiny", status="ok")
+SEEDS = 3  # the sweep's processes per optimizer (the nightly preset's seeds); the suite measures one
 
 
-def _record(optimizer, scale=1.0, state_mib=1.0, seed=0):
-    samples = list(0.02 * scale * np.exp(0.03 * np.random.default_rng(seed).standard_normal(12)))
+def _record(optimizer, scale=1.0, state_mib=1.0, seed=0, process=0):
+    """One trial (process `process`, the sweep's seed) of a night whose draws come from `seed`."""
+    samples = list(0.02 * scale * np.exp(0.03 * np.random.default_rng(10 * seed + process).standard_normal(12)))
     median_s = float(np.median(samples))
-    return Record(trial_id=f"t-{optimizer}", optimizer=optimizer, state_precision="fp32",
+    return Record(trial_id=f"t-{optimizer}-{process}", optimizer=optimizer, state_precision="fp32", seed=process,
                   state_bytes=int(state_mib * MIB), peak_rss_growth_bytes=50 * MIB, peak_rss_bytes=500 * MIB,
                   step_time_median_s=median_s, optimizer_step_median_s=median_s / 4, step_time_samples_s=samples,
                   optimizer_step_samples_s=[s / 4 for s in samples], eval_accuracy=0.5,
                   env={"cpu": "AMD EPYC", "torch": "2.13.0", "git_commit": "c" * 40}, **JOB)
+
+
+def _processes(optimizer, scale=1.0, state_mib=1.0, seed=0):
+    """A night's sweep trials of one optimizer: SEEDS processes."""
+    return [_record(optimizer, scale, state_mib, seed, process) for process in range(SEEDS)]
 
 
 def _benchmark_json(records, path):
@@ -48,7 +55,8 @@ def fake_stages(monkeypatch):
         out = night.config.out
         for record in night_records["records"]:
             append_record(out / nightly.SWEEP_FILE, record)
-        _benchmark_json(night_records["records"], out / nightly.BENCHMARK_FILE)
+        first = {r.optimizer: r for r in reversed(night_records["records"])}  # the suite: one process each
+        _benchmark_json(list(first.values()), out / nightly.BENCHMARK_FILE)
         night.stage_s.update(benchmarks=1.0, sweep=1.0)
 
     monkeypatch.setattr(nightly, "_run_stages", run_stages)
@@ -64,11 +72,11 @@ def _night(tmp_path, name, *extra):
 def test_first_night_writes_the_baseline_then_a_same_night_is_clean(tmp_path, fake_stages, monkeypatch, capsys):
     step_summary = tmp_path / "step-summary.md"
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(step_summary))
-    fake_stages([_record("adamw"), _record("adafactor")])
+    fake_stages([*_processes("adamw"), *_processes("adafactor")])
     assert _night(tmp_path, "n1") == 0
     assert sorted(p.name for p in (tmp_path / "baseline").iterdir()) == sorted(nightly.BASELINE_FILES)
     assert "first night" in (tmp_path / "n1" / "summary.md").read_text()
-    fake_stages([_record("adamw", seed=1), _record("adafactor", seed=1)])
+    fake_stages([*_processes("adamw", seed=1), *_processes("adafactor", seed=1)])
     assert _night(tmp_path, "n2") == 0
     summary = (tmp_path / "n2" / "summary.md").read_text()
     assert "## optbench nightly: clean" in summary and "within noise" in summary
@@ -76,10 +84,10 @@ def test_first_night_writes_the_baseline_then_a_same_night_is_clean(tmp_path, fa
 
 
 def test_a_regression_fails_and_keeps_the_baseline(tmp_path, fake_stages, capsys):
-    fake_stages([_record("adamw"), _record("adafactor")])
+    fake_stages([*_processes("adamw"), *_processes("adafactor")])
     assert _night(tmp_path, "n1") == 0
     before = (tmp_path / "baseline" / nightly.SWEEP_FILE).read_bytes()
-    fake_stages([_record("adamw", seed=1), _record("adafactor", scale=2.0, seed=1)])
+    fake_stages([*_processes("adamw", seed=1), *_processes("adafactor", scale=2.0, seed=1)])
     assert _night(tmp_path, "n2") == 1
     summary = (tmp_path / "n2" / "summary.md").read_text()
     assert "## optbench nightly: REGRESSION" in summary
@@ -91,28 +99,28 @@ def test_a_regression_fails_and_keeps_the_baseline(tmp_path, fake_stages, capsys
 
 
 def test_state_growth_beyond_the_threshold_fails(tmp_path, fake_stages):
-    fake_stages([_record("adamw")])
+    fake_stages([*_processes("adamw")])
     assert _night(tmp_path, "n1") == 0
-    fake_stages([_record("adamw", state_mib=1.2, seed=1)])
+    fake_stages([*_processes("adamw", state_mib=1.2, seed=1)])
     assert _night(tmp_path, "n2") == 1
     assert "state +20.0 % (limit 5 %)" in (tmp_path / "n2" / "summary.md").read_text()
-    fake_stages([_record("adamw", state_mib=1.2, seed=2)])
+    fake_stages([*_processes("adamw", state_mib=1.2, seed=2)])
     assert _night(tmp_path, "n3", "--accept") == 0  # an intended change: reported, then the new baseline
     assert "accepted with --accept" in (tmp_path / "n3" / "summary.md").read_text()
     assert _night(tmp_path, "n4") == 0
 
 
 def test_an_out_folder_holding_a_night_is_refused(tmp_path, fake_stages, capsys):
-    fake_stages([_record("adamw")])
+    fake_stages([*_processes("adamw")])
     assert _night(tmp_path, "n1") == 0
     assert _night(tmp_path, "n1") == 2
     assert "already holds a night" in capsys.readouterr().err
 
 
 def test_a_baseline_of_another_job_is_a_setup_error(tmp_path, fake_stages, capsys):
-    fake_stages([_record("adamw")])
+    fake_stages([*_processes("adamw")])
     assert _night(tmp_path, "n1") == 0
-    fake_stages([dataclasses.replace(_record("adamw"), steps=99)])
+    fake_stages([dataclasses.replace(r, steps=99) for r in _processes("adamw")])
     assert _night(tmp_path, "n2") == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "is another job" in err[0]

@@ -54,6 +54,9 @@ def test_a_gpu_folder_renders_its_own_section(tmp_path):
         for record in read_records(ROOT / "results" / "cpu-2core" / name):
             record.device, record.device_name = "cuda:0", "NVIDIA H200"
             record.env = {**record.env, "gpu": "NVIDIA H200", "gpu_driver": "580.159.04", "cuda": "13.0"}
+            record.device_bandwidth_calibrated_bytes_per_s = 4.0e12  # gpu-check calibrates the GPU first
+            if record.optimizer_step_traffic_bytes and record.optimizer_step_median_s:
+                record.roofline_fraction = record.optimizer_step_traffic_bytes / record.optimizer_step_median_s / 4e12
             if record.optimizer == "adamw8bit" and name == "lm.jsonl":
                 record.optimizer_impl, record.roofline_fraction = HOST_SYNCED, 0.05
             append_record(gpu / name, record)
@@ -61,3 +64,16 @@ def test_a_gpu_folder_renders_its_own_section(tmp_path):
     assert text.startswith("#### `results/nvidia-h200/`: NVIDIA H200, driver 580.159.04, torch ")
     assert text.count("| optimizer ") == 2 and text.count("roofline %") >= 3 and "galore_adamw " in text
     assert f"`{HOST_SYNCED}`: bitsandbytes synchronises the GPU after every parameter" in text
+
+
+def test_every_table_of_the_readme_is_rendered_from_records():
+    assert readme_tables.unrendered_tables(readme_tables.README.read_text(encoding="utf-8")) == []
+
+
+def test_a_table_typed_by_hand_into_the_readme_is_found():
+    text = readme_tables.README.read_text(encoding="utf-8")
+    typed = text + "\n| optimizer | largest batch |\n|---|---|\n| adamw | 120 |\n"
+    fenced = text + "\n```\n| not | a table |\n```\n"
+    lines = len(text.splitlines())
+    assert readme_tables.unrendered_tables(typed) == [lines + 2, lines + 3, lines + 4]
+    assert readme_tables.unrendered_tables(fenced) == []

@@ -94,8 +94,18 @@ def test_time_to_target_counts_a_missed_seed_as_infinite():
     most_missed = stats.time_to_target([10.0, math.inf, None])
     assert math.isinf(most_missed.median) and most_missed.text() == "missed (reached 1/3)"
     assert stats.time_to_target([float("nan")]) is None  # no curve is no seed
-    assert stats.reached([[5, 1.0, 0.7], [10, 2.0, 0.91]], 0.9, "max") == (10.0, 2.0)
-    assert stats.reached([[5, 1.0, 9.0], [10, 2.0, 4.0]], 5.0, "min") == (10.0, 2.0)
+    spaced = stats.TimeToTarget(30.0, 3, 3, resolution=4.0)
+    assert spaced.text(0) == "30 (reached 3/3; curve every 4)"
+
+
+def test_a_crossing_is_interpolated_between_the_evaluations_around_it_and_their_spacing_is_its_resolution():
+    up = stats.reached([[5, 1.0, 0.7], [10, 2.0, 0.9], [15, 3.0, 0.95]], 0.8, "max")  # halfway from 0.7 to 0.9
+    assert (up.step, up.seconds, up.bracket_s) == pytest.approx((7.5, 1.5, 1.0))
+    down = stats.reached([[5, 1.0, 9.0], [10, 3.0, 4.0]], 5.0, "min")  # 4/5 of the way down from 9 to 4
+    assert (down.step, down.seconds, down.bracket_s) == pytest.approx((9.0, 2.6, 2.0))
+    first = stats.reached([[5, 1.5, 0.95], [10, 3.0, 0.96]], 0.9, "max")  # nothing evaluated before: 0 to 1.5 s
+    assert (first.step, first.seconds, first.bracket_s) == (5.0, 1.5, 1.5)
+    assert stats.reached([[5, 1.0, None], [10, 2.0, 0.5]], 0.9, "max") is None
 
 
 @pytest.mark.parametrize("memory,accuracy,front", [

@@ -23,7 +23,8 @@ def fake_trial(spec: TrialSpec) -> Record:
     """Validation and eval accuracy peak at BEST_LR (log distance); adafactor diverges at its largest lr. Every
     study trial is scored on both splits, as the real ones are."""
     record = Record(trial_id=spec.trial_id, status="ok", optimizer=spec.optimizer, seed=spec.seed,
-                    workload=spec.workload, steps=spec.steps, lr=spec.lr, stage=spec.stage, val_rows=400)
+                    workload=spec.workload, steps=spec.steps, lr=spec.lr, stage=spec.stage, val_rows=400,
+                    target_value=spec.target)
     score = 0.9 - 0.1 * abs(math.log10(spec.lr / BEST_LR[spec.optimizer]))
     if spec.optimizer == "adafactor" and spec.lr > 1e-2:
         record.status, record.error = "diverged", "loss became nan"
@@ -68,6 +69,23 @@ def test_study_tunes_at_the_finals_job_and_then_adds_only_the_other_seeds(tmp_pa
     assert lines[-1].endswith("; done")
     adafactor = next(c for c in result.choices if c.optimizer == "adafactor")
     assert [p.status for p in adafactor.points][-1] == "diverged"
+
+
+def test_the_time_to_target_threshold_is_fixed_from_the_tune_stage_before_the_finals(tmp_path, capsys):
+    from optbench.report.frame import fixed_targets, job_targets, trials_frame
+
+    out = tmp_path / "study.jsonl"
+    result, _ = _run(out)
+    target = 0.95 * 0.9  # 0.95 x adamw's best validation score in the tune stage (at its best lr)
+    assert all(s.target == pytest.approx(target) for s in result.final) and result.final
+    assert all(s.target is None for s in result.tune)  # they ran before it was known
+    frame = trials_frame(read_records(out))
+    assert list(job_targets(frame).values()) == [pytest.approx(target)] and all(fixed_targets(frame).values())
+    assert "time-to-target threshold accuracy 0.855, fixed before the finals" in capsys.readouterr().err
+    given = study.run_study(["adamw"], {**SETTINGS, "target": 0.5}, StudyBudget(lr_points=4, eval_every=2,
+                            search="grid"), tmp_path / "given.jsonl", grids=GRIDS, run_trial=fake_trial,
+                            show=lambda line: None)
+    assert {s.target for s in given.final} == {0.5}  # --target wins
 
 
 def test_two_tune_seeds_tune_every_lr_twice_and_leave_one_final_seed(tmp_path):

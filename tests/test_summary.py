@@ -133,10 +133,10 @@ def test_perplexity_difference_is_shown_in_percent_as_it_moves():
 
 
 def _curve(seconds_to_hit):
-    """An eval curve that crosses 0.9 at `seconds_to_hit` (never when None)."""
+    """An eval curve that reaches 0.9 exactly at `seconds_to_hit` (never when None)."""
     if seconds_to_hit is None:
         return [[1, 1.0, 0.5], [2, 2.0, 0.6]]
-    return [[1, seconds_to_hit / 2, 0.5], [2, seconds_to_hit, 0.95]]
+    return [[1, seconds_to_hit / 2, 0.5], [2, seconds_to_hit, 0.9], [3, 1.5 * seconds_to_hit, 0.95]]
 
 
 def _raced(times, target_value=0.9):
@@ -150,7 +150,7 @@ def test_one_seed_missing_the_target_counts_as_infinite_and_is_never_called_firs
     summary = summarize(trials_frame(_raced({"quick": [1.0, 3.0, None], "steady": [2.5, 2.5, 2.5]})))
     fast = summary.set_index("optimizer").loc["quick"]
     assert (fast["time_to_target_s"], fast["time_to_target_s_reached"], fast["time_to_target_s_n"]) == (3.0, 2, 3)
-    assert "3.0 (reached 2/3)" in render_markdown(summary)
+    assert "3.0 (reached 2/3; curve every 1.0)" in render_markdown(summary)
     assert "first to the target on every seed: steady (median 2.5 s)" in verdict_sentences(summary)
     # its median is the fastest here, but it missed a seed: still never called first
     summary = summarize(trials_frame(_raced({"quick": [1.0, 1.0, None], "steady": [2.5, 2.5, 2.5]})))
@@ -177,3 +177,13 @@ def test_failed_trials_keep_their_rows_and_error():
     row = summary.set_index("optimizer").loc["adafactor"]
     assert (row["status"], row["error"], row["trials"]) == ("diverged", "loss became nan", 1)
     assert pd.isna(row.get("eval_target"))
+
+
+def test_no_optimizer_is_first_to_a_target_by_less_than_the_curves_resolution():
+    """Curves evaluated every 1.25 s (2.5 / 2) cannot tell 2.4 s from 2.5 s: neither is called first."""
+    close = summarize(trials_frame(_raced({"a": [2.4, 2.4, 2.4], "b": [2.5, 2.5, 2.5]})))
+    said = verdict_sentences(close)
+    assert "no first to the target: a, b reach it within the eval curve's 1.2 s resolution" in said
+    assert not any(line.startswith("first to the target") for line in said)
+    apart = summarize(trials_frame(_raced({"a": [1.0, 1.0, 1.0], "b": [2.5, 2.5, 2.5]})))
+    assert "first to the target on every seed: a (median 1.0 s)" in verdict_sentences(apart)

@@ -9,7 +9,7 @@ import pytest
 
 from optbench import optimizers
 from optbench.job.spec import TrialSpec
-from optbench.probes import measure
+from optbench.probes import measure, triad
 from optbench.trial.run import run_trial
 
 TINY = dict(workload="tiny", device="cpu", steps=6, warmup_steps=2, batch_size=4, seq_len=16, eval_size=24)
@@ -45,22 +45,30 @@ def test_trial_fills_the_record(name):
     # where the state sits, and what the held memory holds besides grads and state: the three parts add up
     assert sum(record.state_bytes_by_module.values()) == record.state_bytes
     assert record.held_other_bytes + record.grads_bytes + record.state_bytes == record.rss_growth_after_step_bytes
-    # the roofline: a measured bandwidth and a share of it (its arithmetic: test_speed_figures_from_known_times)
+    # the trial's own bandwidth probe is a check; without a machine calibration there is no roofline (its
+    # arithmetic against a calibration: test_speed_figures_from_known_times, test_bandwidth.py)
     assert record.device_bandwidth_bytes_per_s > 0 and record.device_bandwidth_iqr_bytes_per_s is not None
-    assert record.roofline_fraction > 0
+    assert record.roofline_fraction is None and record.device_bandwidth_calibrated_bytes_per_s is None
+    assert record.device_bandwidth_source.startswith("uncalibrated: no ")
     if name == "adamw":  # reads p, g, m, v and writes p, m, v: 28 bytes a parameter, and each tensor's step twice
         assert record.optimizer_step_traffic_bytes == 28 * record.num_params + 2 * record.state_bytes_by_key["step"]
     assert record.job_key["schedule"] == "linear" and record.job_key["device"] == "cpu"
 
 
 def test_speed_figures_from_known_times():
-    """Hand-worked: steps of 0.4-0.6 s at batch 16, optimizer steps of 2-4 ms moving 28 MB against 14 GB/s."""
+    """Hand-worked: steps of 0.4-0.6 s at batch 16, optimizer steps of 2-4 ms moving 28 MB against a calibrated
+    14 GB/s (the trial's own probe, 50 GB/s here, is never the divisor)."""
+    from optbench.probes.bandwidth import BandwidthCalibration
     from optbench.records.record import Record
     from optbench.trial.describe import describe_bandwidth
 
     record = Record(batch_size=16, optimizer_step_traffic_bytes=28_000_000)
     measure.describe_speed(record, [0.5, 0.4, 0.6, 0.5], [0.004, 0.002, 0.003])
-    describe_bandwidth(record, [13e9, 14e9, 15e9])  # the triad's samples: their median is the ceiling
+    calibration = BandwidthCalibration(machine="m", device_name="cpu", threads=2, ceiling_bytes_per_s=14e9,
+                                       quantiles_bytes_per_s={"0.05": 12e9, "0.5": 14e9, "0.95": 15e9}, passes=200,
+                                       buffer_bytes=2**27)
+    describe_bandwidth(record, [49e9, 50e9, 51e9], calibration, "file.json")  # the trial's probe reads 50 GB/s
+    assert record.device_bandwidth_bytes_per_s == 50e9 and record.device_bandwidth_probe_disagrees
     assert record.step_time_median_s == 0.5 and record.step_time_iqr_s == pytest.approx(0.05)  # 0.525 - 0.475
     assert record.optimizer_step_median_s == 0.003 and record.optimizer_step_iqr_s == pytest.approx(0.001)
     assert record.samples_per_s == pytest.approx(32.0)
@@ -107,7 +115,7 @@ def test_trial_id_is_stable_and_settings_sensitive():
 def test_what_the_probes_could_not_measure_is_kept_on_the_record_once(monkeypatch, tmp_path):
     """A trial runs in a child whose log nobody reads: the probes' warnings travel on its record (each once)."""
     monkeypatch.setattr(measure, "_CLEAR_REFS", tmp_path / "no-such-folder" / "clear_refs")
-    monkeypatch.setattr(measure, "_CPU_CACHE", tmp_path)
+    monkeypatch.setattr(triad, "_CPU_CACHE", tmp_path)
     record = run_trial(TrialSpec(optimizer="adamw", **TINY))
     assert record.status == "ok", record.error
     cache, rss = record.measurement_warnings  # the bandwidth probe ran twice, the peaks were reset several times
@@ -120,15 +128,44 @@ def test_a_librarys_own_warning_during_a_trial_is_shown_once_and_not_kept_on_the
     usual, once, and the trial goes on (re-showing it inside the catching block caught it again, forever)."""
     import warnings
 
-    triad = measure.triad_bandwidth_samples
+    samples = triad.triad_bandwidth_samples
 
-    def warning_triad(device, samples):
+    def warning_triad(device, count):
         warnings.warn("a library's notice", UserWarning, stacklevel=2)
-        return triad(device, samples)
+        return samples(device, count)
 
-    monkeypatch.setattr(measure, "triad_bandwidth_samples", warning_triad)
+    monkeypatch.setattr(triad, "triad_bandwidth_samples", warning_triad)
     with pytest.warns(UserWarning, match="a library's notice") as shown:
         record = run_trial(TrialSpec(optimizer="adamw", **TINY))
     assert record.status == "ok", record.error
     assert record.measurement_warnings == []
     assert len([w for w in shown if "a library's notice" in str(w.message)]) == 2  # one per call: shown, not looped
+
+
+@pytest.mark.parametrize("probe_agrees", [True, False])
+def test_the_roofline_divides_by_the_machines_calibration_and_the_trials_probe_is_checked_against_it(probe_agrees):
+    """A calibration file for this machine (in the test session's cache): the roofline is the step's traffic over
+    its median time over the calibrated ceiling; a probe outside the calibration's 5-95 % range is flagged."""
+    import torch
+
+    from optbench.probes import bandwidth
+    from optbench.records.environment import machine_key
+
+    device = torch.device("cpu")
+    machine = machine_key(device)
+    wide = (1e3, 1e15) if probe_agrees else (1e14, 1e15)  # any probe agrees with the first, none with the second
+    calibration = bandwidth.BandwidthCalibration(
+        machine=machine, device_name="test", threads=torch.get_num_threads(), ceiling_bytes_per_s=1e11,
+        quantiles_bytes_per_s={"0.05": wide[0], "0.25": 1e11, "0.5": 1e11, "0.75": 1e11, "0.95": wide[1]},
+        passes=3, buffer_bytes=1)
+    path = bandwidth.save(calibration, bandwidth.default_path(machine))
+    try:
+        record = run_trial(TrialSpec(optimizer="adamw", **TINY))
+    finally:
+        path.unlink()
+    assert record.status == "ok", record.error
+    assert record.device_bandwidth_source == str(path) and record.device_bandwidth_calibrated_bytes_per_s == 1e11
+    assert record.roofline_fraction == pytest.approx(record.optimizer_step_traffic_bytes
+                                                     / record.optimizer_step_median_s / 1e11)
+    assert record.device_bandwidth_calibrated_spread_bytes_per_s == wide[1] - wide[0]
+    assert record.device_bandwidth_probe_disagrees is (not probe_agrees)

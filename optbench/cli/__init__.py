@@ -1,5 +1,6 @@
 """The command line: the parser (`options.py`), one module per command (`run`, `study`, `report` and `compare`,
-`nightly`, and the sizing commands `list`, `estimate`, `recommend`, `explain`, `fit` in `sizing.py`), what `run`
+`nightly`, `calibrate-bandwidth` in `bandwidth.py`, and the sizing commands `list`, `estimate`, `recommend`,
+`explain`, `fit` in `sizing.py`), what `run`
 and `study` share (`sweeping.py`), and `main.py`, which dispatches and maps errors to the one exit table
 (optbench/records/exits.py).
 

@@ -1,10 +1,10 @@
 """The command line: `python -m optbench run | study | list | report | compare | nightly | estimate | recommend |
-explain | fit`. Each command is one module of this folder that takes the parsed flags, calls the package that
-knows, prints, and returns an exit status from the one table (optbench/records/exits.py). This module parses,
-dispatches, and turns the errors every command shares into that table's codes: bad input -> 2 (one line on
-stderr, never a traceback), a results file that stops taking records -> 4, SIGINT / SIGTERM -> 130 / 143 after
-the trials finished so far were recorded. torch and friends are imported only by the commands that need them, so
-`list` and `report` start fast.
+explain | fit | calibrate-bandwidth`. Each command is one module of this folder that takes the parsed flags, calls
+the package that knows, prints, and returns an exit status from the one table (optbench/records/exits.py). This
+module parses, dispatches, and turns the errors every command shares into that table's codes: bad input -> 2 (one
+line on stderr, never a traceback), a results file that stops taking records -> 4, SIGINT / SIGTERM -> 130 / 143
+after the trials finished so far were recorded. torch and friends are imported only by the commands that need them,
+so `list` and `report` start fast.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import signal
 import sys
 from typing import NoReturn
 
-from optbench.cli import nightly, report, run, sizing, study
+from optbench.cli import bandwidth, nightly, report, run, sizing, study
 from optbench.cli.options import UsageError, build_parser
 from optbench.job.planner import PlanError
 from optbench.optimizers.noise import filter_known_noise
@@ -21,7 +21,8 @@ from optbench.records import exits
 from optbench.sweep.runner import ResultsWriteError
 
 COMMANDS = {"run": run.run_command, "study": study.study_command, "report": report.report_command,
-            "compare": report.compare_command, "nightly": nightly.nightly_command, **sizing.COMMANDS}
+            "compare": report.compare_command, "nightly": nightly.nightly_command,
+            "calibrate-bandwidth": bandwidth.calibrate_bandwidth_command, **sizing.COMMANDS}
 
 
 class Terminated(KeyboardInterrupt):

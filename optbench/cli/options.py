@@ -110,7 +110,11 @@ def load_records(files: list[Path]) -> list:
         try:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                records.extend(read_benchmark_records(path) if is_benchmark_path(path) else read_records(path))
+                runs = sorted(path.glob("*.jsonl")) if path.is_dir() else []  # a folder of runs of one commit
+                for run in runs:
+                    records.extend(read_records(run))
+                if not runs:
+                    records.extend(read_benchmark_records(path) if is_benchmark_path(path) else read_records(path))
             for warning in caught:
                 print(f"optbench: warning: {warning.message}", file=sys.stderr)
         except (ResultsFileError, BenchmarkJsonError, UnicodeDecodeError) as exc:
@@ -273,7 +277,24 @@ def build_parser() -> argparse.ArgumentParser:
     _add_report_parser(commands)
     _add_compare_parsers(commands)
     _add_memory_parsers(commands)
+    _add_bandwidth_parser(commands)
     return parser
+
+
+def _add_bandwidth_parser(commands) -> None:
+    calibrate = commands.add_parser("calibrate-bandwidth",
+                                    help="measure this machine's memory bandwidth once (many triad passes) into a "
+                                         "per-machine file that every trial's roofline divides by")
+    calibrate.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    calibrate.add_argument("--threads", type=positive_int,
+                           help="torch threads to measure with (default: torch's; a CPU file is per thread count, "
+                                "and trials find the one for theirs)")
+    calibrate.add_argument("--rounds", type=positive_int, default=10,
+                           help="rounds, each re-allocating its buffers (default 10)")
+    calibrate.add_argument("--passes", type=positive_int, default=20, help="timed passes per round (default 20)")
+    calibrate.add_argument("--out", type=Path,
+                           help="write here instead of the cache ($OPTBENCH_CACHE or ~/.cache/optbench); trials then "
+                                "need OPTBENCH_BANDWIDTH_FILE=PATH")
 
 
 def _add_report_parser(commands) -> None:
@@ -289,7 +310,11 @@ def _add_report_parser(commands) -> None:
 def _add_compare_parsers(commands) -> None:
     compare = commands.add_parser("compare", help="BASE vs NEW per optimizer and job; exit 1 on a regression")
     for name in ("base", "new"):
-        compare.add_argument(name, type=Path, help="results .jsonl, pytest-benchmark .json, or a folder of .json")
+        compare.add_argument(name, type=Path, help="results .jsonl, a folder of them (runs of one commit), "
+                                                   "pytest-benchmark .json, or a folder of .json")
+    compare.add_argument("--noise-history", type=Path, nargs="+", metavar="FILE",
+                         help="results of earlier runs (same commit within a file's commit groups): their "
+                              "run-to-run spread makes the time intervals where BASE or NEW has under 3 runs")
     add_threshold_arguments(compare)
     compare.add_argument("--export-github-benchmark", type=Path, metavar="FILE",
                          help="write NEW's numbers for github-action-benchmark: FILE (customSmallerIsBetter) and "
@@ -343,6 +368,9 @@ def _add_memory_parsers(commands) -> None:
     fit.add_argument("--optimizers", type=name_list, default=list(optimizers.DEFAULT_OPTIMIZERS))
     fit.add_argument("--grow", choices=["batch", "seq"], default="batch", help="what grows to fill the budget")
     fit.add_argument("--max-size", type=positive_int, help="the largest batch (or sequence length) to try")
+    fit.add_argument("--repeats", type=positive_int, default=3,
+                     help="trials per size, each a fresh process (default 3, at least 2): a size fits only when its "
+                          "largest peak is under the budget by at least the spread its trials showed")
     fit.add_argument("--out", type=Path, default=Path("results") / "fit.jsonl",
                      help="the confirming trials' records (resumed); the table and figure go beside it")
     for flag, kind in (("--workload", str), ("--model", str), ("--batch-size", positive_int),

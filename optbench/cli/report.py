@@ -51,8 +51,9 @@ def compare_command(args: argparse.Namespace) -> int:
         if not runs[role]:
             raise UsageError(f"no records in {role} {path}")
     limits = with_overrides(compare.calibrated_thresholds(runs["BASE"], runs["NEW"]), args)
+    history = load_records(args.noise_history) if args.noise_history else []
     try:
-        comparison = compare.compare(runs["BASE"], runs["NEW"], limits)
+        comparison = compare.compare(runs["BASE"], runs["NEW"], limits, history)
     except compare.CompareError as exc:
         raise UsageError(str(exc)) from None
     if args.strict_env and comparison.env_differences:

@@ -94,9 +94,12 @@ def fit_command(args: argparse.Namespace) -> int:
     job = dataclasses.replace(fit.default_job(), **{k: v for k, v in given.items() if v is not None})
     if args.model and not args.workload:
         job = dataclasses.replace(job, workload="custom")
+    if args.repeats < 2:
+        raise UsageError("--repeats must be at least 2: one trial per size cannot show how far a peak moves between "
+                         "runs")
     check_inputs(job)  # a bad workload, model or device is one line here, not a traceback or six failed probes
     result = fit.fit(args.memory, names, args.out, job=job, grow_by=args.grow, max_size=args.max_size,
-                     run=functools.partial(fit.run_probe, sweep=run_sweep))
+                     run=functools.partial(fit.run_probe, sweep=run_sweep), repeats=args.repeats)
     print(fit.render(result))
     print("wrote " + ", ".join(map(str, fit.save(result, args.out))))
     return EXIT_OK

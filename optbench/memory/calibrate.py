@@ -11,7 +11,8 @@ trials with optbench/memory/validation.py (`validation_table`: predicted against
         [--calibration-file F]
 
 fits on CAL, then predicts every trial of HELD that was not calibrated on and writes DIR/held-out.md (+ .csv) and
-DIR/calibration.md; the calibration and its held-out band go to F, by default the user's calibration file
+DIR/calibration.md (without --held-out it only fits: the held-out trials can then run with this fit, so that their
+own recorded predictions are its); the calibration and its held-out band go to F, by default the user's calibration file
 (`~/.cache/optbench/calibrations/<device>.json`, or under `$OPTBENCH_CACHE`), which every prediction on this
 machine then reads before the package's shipped one (optbench/memory/calibration.py); never into the package.
 Without --calibrate-on it only validates (e.g. the uncalibrated CUDA predictor on a GPU's trials: --device cuda).
@@ -211,7 +212,7 @@ def _read(paths: Sequence[Path]) -> list[Record]:
 
 
 def run_validation(calibrate_on: Sequence[Path], held_out: Sequence[Path], out_dir: Path,
-                   device: str = "cpu", calibration_file: Path | None = None) -> ErrorBand:
+                   device: str = "cpu", calibration_file: Path | None = None) -> ErrorBand | None:
     """Calibrate on `calibrate_on` (none: keep the calibrations in use, e.g. to measure the uncalibrated CUDA
     predictor), save them with the held-out band to `calibration_file` (default: the user's file for the device;
     other models' entries kept, from that file when it exists, else from the calibrations in use), and write
@@ -223,6 +224,10 @@ def run_validation(calibrate_on: Sequence[Path], held_out: Sequence[Path], out_d
     models.update({c.model: c for c in calibrations if c.device_kind == device})
     fitted = CalibrationSet(device, models)
     out_dir.mkdir(parents=True, exist_ok=True)
+    if not held_out:  # fit only: held-out trials run next, so their own predictions are this calibration's
+        save_calibrations(fitted, target)
+        _write_fit(calibrate_on, calibrations, fitted, out_dir)
+        return None
     table, left_out = _held_out_table(held_out, fitted)
     band = error_band(table, device, str(out_dir / "held-out.md"))
     uncalibrated = error_band(table, device, str(out_dir / "held-out.md"), calibrated=False)
@@ -230,13 +235,19 @@ def run_validation(calibrate_on: Sequence[Path], held_out: Sequence[Path], out_d
     table.to_csv(out_dir / "held-out.csv", index=False, float_format="%.2f")
     (out_dir / "held-out.md").write_text(render_table(table, "Peak-memory predictor: held-out trials", band,
                                                       uncalibrated, left_out))
+    _write_fit(calibrate_on, calibrations, fitted, out_dir)
+    return band
+
+
+def _write_fit(calibrate_on: Sequence[Path], calibrations: Sequence[Calibration], fitted: CalibrationSet,
+               out_dir: Path) -> None:
+    """DIR/calibration.md: the calibration trials against the fit, and what was fitted (nothing without a fit)."""
     if calibrations:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", LeftOutWarning)  # the fit has said what it left out
             fitted_table = validation_table(_read(calibrate_on), fitted)
         fit = render_table(fitted_table, "Peak-memory predictor: the calibration trials' fit")
         (out_dir / "calibration.md").write_text(fit + "\n" + _describe_calibrations(calibrations))
-    return band
 
 
 def _held_out_table(paths: Sequence[Path], fitted: CalibrationSet) -> tuple[Any, Counter]:
@@ -276,30 +287,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m optbench.memory.calibrate", description=__doc__.split("\n\n")[0])
     parser.add_argument("--calibrate-on", type=Path, nargs="*", default=[],
                         help="results files to fit on (none: validate the calibrations in use as they are)")
-    parser.add_argument("--held-out", type=Path, nargs="+", required=True, help="results files to validate on")
+    parser.add_argument("--held-out", type=Path, nargs="*", default=[],
+                        help="results files to validate on (none: fit only, before the held-out trials run, so "
+                             "that their own predictions are this fit's)")
     parser.add_argument("--out-dir", type=Path, required=True, help="where the tables go")
     parser.add_argument("--device", choices=sorted(predict.TARGET_FIELDS), default="cpu")
     parser.add_argument("--calibration-file", type=Path,
                         help="where the calibration and its band go (default: your calibration file, "
                              "~/.cache/optbench/calibrations/<device>.json or under $OPTBENCH_CACHE)")
     args = parser.parse_args(argv)
+    if not args.calibrate_on and not args.held_out:
+        print("optbench.memory.calibrate: give --calibrate-on (fit), --held-out (validate) or both", file=sys.stderr)
+        return 2
     missing = [str(p) for p in [*args.calibrate_on, *args.held_out] if not p.exists()]
     if missing:
         print(f"optbench.memory.calibrate: no such results file: {', '.join(missing)}", file=sys.stderr)
         return 2
     target = args.calibration_file or user_calibration_path(args.device)
+    band, error = None, None
     with warnings.catch_warnings(record=True) as left_out:
         warnings.simplefilter("always", LeftOutWarning)
         try:
             band = run_validation(args.calibrate_on, args.held_out, args.out_dir, args.device, target)
         except CalibrationError as exc:
-            band, error = None, exc
+            error = exc
     for warning in left_out:  # one line each, not a warning's file, line and source
         print(f"optbench.memory.calibrate: warning: {warning.message}", file=sys.stderr)
-    if band is None:
+    if error is not None:
         print(f"optbench.memory.calibrate: {error}", file=sys.stderr)
         return 2
-    print(band.describe())
+    print(band.describe() if band else "fitted; no held-out trials given, so no error band yet")
     used = target.resolve() == user_calibration_path(args.device).resolve()
     print(f"wrote {target}" + ("; predictions on this machine read it from now on" if used else
                                f"; predictions read {user_calibration_path(args.device)}: copy it there to use it"))

@@ -2,21 +2,27 @@
 
 Comparing optimizers at one batch size hides what their memory savings are for: a bigger batch or a longer
 sequence in the same memory. For each optimizer the peak predictor (optbench/memory/predict.py) proposes the
-largest size on a grid whose predicted peak fits the budget; short measured trials then confirm it: that
-size must measure within the budget and the next size on the grid must measure over it (or fail `oom`
-under the trial's memory cap). Where a measurement disagrees with the prediction, the search moves along
-the grid with the prediction rescaled by the last measured / predicted ratio, so a miss costs a trial or
-two, not a sweep. The result is a table (largest size, the confirming trials, samples/s at the largest
-size) and a figure, "what the memory saving buys".
+largest size on a grid whose predicted peak fits the budget; short measured trials then confirm it. Each size is
+measured `repeats` times, each in a fresh process (seeds 0, 1, ...: the same shapes), because a peak moves between
+runs of one build (CPU RSS by pages and malloc arenas, ±16-19 MiB here): a size *fits* only when its largest peak is
+under the budget by at least the spread its repeats showed, is *over* when its smallest peak is over the budget (or
+a trial failed `oom` under its memory cap), and is *too close to call* between the two, which counts as not fitting.
+The answer is the largest size that fits with the next size on the grid over or too close. Where a measurement
+disagrees with the prediction, the search moves along the grid with the prediction rescaled by the last measured /
+predicted ratio, so a miss costs a size or two, not a sweep. The result is a table (largest size, the confirming
+trials, samples/s at the largest size) and a figure, "what the memory saving buys"; `result_from_records` rebuilds
+the same table from the trials' records alone.
 
-The budget is for the figure the report calls peak memory: on CPU weights + peak RSS growth (the
-process's libraries, ~0.5 GiB of torch and friends, come on top), on CUDA the allocator's peak. The
-search itself (`grow`) is a pure function of a predictor and a trial runner.
+The budget is for the figure the report calls peak memory: on CPU weights + peak RSS growth over the process's
+baseline after setup (the process's own libraries, ~0.5 GiB of torch and friends, and the data come on top: the
+table shows the process's whole peak RSS beside it, which the budget does not cover), on CUDA the allocator's peak.
+The search itself (`grow`) is a pure function of a predictor and a trial runner.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -34,27 +40,54 @@ PROBE_EVAL_SIZE = 64  # the final evaluation runs after the memory window: keep 
 # RLIMIT_AS cap on CPU probes: 2 x budget + 1 GiB. Address space outgrows resident memory (64 MiB arenas per
 # thread, the model and data built after the cap is set), so a tighter cap fails trials that fit.
 CPU_CAP_FACTOR, CPU_CAP_SLACK_BYTES = 2.0, GIB
-MAX_PROBES = 6
+MAX_PROBES = 6  # sizes tried per optimizer before the search gives up bracketing
+REPEATS = 3  # trials per size: the spread of three peaks is the run-to-run jitter a size must clear
 
 
 @dataclass(frozen=True)
 class Probe:
-    """One measured confirming trial."""
+    """One size, measured: the repeats' peaks (the predictor's target figure), their spread, and how the size
+    stands against a budget."""
 
     size: int
-    status: str  # the record's status: ok | oom | error | timeout | ...
-    peak_bytes: int | None  # the predictor's target figure, measured (None unless ok)
+    status: str  # ok when every repeat was ok, else the first failure's status: oom | error | timeout | ...
+    peak_bytes: int | None  # the largest repeat's peak (None unless ok)
     samples_per_s: float | None = None
     trial_id: str = ""
+    jitter_bytes: int = 0  # largest minus smallest peak over the repeats: the run-to-run jitter measured here
+    repeats: int = 1
+    process_peak_bytes: int | None = None  # the whole process's peak RSS (CPU), which the budget does not cover
+    predicted_bytes: int | None = None  # what the predictor said before the trial ran
 
     def fits(self, budget_bytes: int) -> bool:
-        return self.status == "ok" and self.peak_bytes is not None and self.peak_bytes <= budget_bytes
+        """Under the budget by at least the jitter the repeats showed: a rerun would fit too."""
+        return self.status == "ok" and self.peak_bytes is not None and self.peak_bytes + self.jitter_bytes <= \
+            budget_bytes
+
+    def verdict(self, budget_bytes: int) -> str:
+        if self.fits(budget_bytes):
+            return "fits"
+        over = self.status != "ok" or self.peak_bytes is None or self.peak_bytes - self.jitter_bytes > budget_bytes
+        return "over" if over else "too close to call"
 
     def describe(self, budget_bytes: int) -> str:
         if self.status != "ok" or self.peak_bytes is None:
             return f"{self.size}: {self.status}"
-        verdict = "fits" if self.fits(budget_bytes) else "over"
-        return f"{self.size}: {self.peak_bytes / GIB:.2f} GiB {verdict}"
+        jitter = f" ±{self.jitter_bytes / MIB:.0f} MiB" if self.repeats > 1 else ""
+        return f"{self.size}: {self.peak_bytes / GIB:.2f} GiB{jitter} {self.verdict(budget_bytes)}"
+
+
+def probe_from_records(size: int, records: Sequence[Record]) -> Probe:
+    """One size's probe from its repeats' records (one per seed)."""
+    failed = [r for r in records if r.status != "ok"]
+    peaks = [int(p) for p in (measured_peak(r) for r in records if r.status == "ok") if p is not None]
+    process = [r.peak_rss_bytes for r in records if r.status == "ok" and r.peak_rss_bytes is not None]
+    speeds = [r.samples_per_s for r in records if r.samples_per_s]
+    ok = not failed and bool(peaks)
+    return Probe(size, failed[0].status if failed else ("ok" if peaks else "error"), max(peaks) if ok else None,
+                 statistics.median(speeds) if ok and speeds else None, records[0].trial_id if records else "",
+                 max(peaks) - min(peaks) if ok else 0, len(records), max(process) if ok and process else None,
+                 records[0].predicted_peak_bytes if records else None)
 
 
 @dataclass(frozen=True)
@@ -69,6 +102,26 @@ class Growth:
 
     def probe_at(self, size: int | None) -> Probe | None:
         return next((p for p in self.probes if p.size == size), None)
+
+
+def settle(sizes: Sequence[int], probes: Sequence[Probe], budget_bytes: int, max_probes: int | None = None
+           ) -> tuple[int | None, bool, str]:
+    """(largest size that fits, whether the next grid size measured over or too close, why) from the probes:
+    the one reading of a search, live (`grow`) or rebuilt from records (`result_from_records`)."""
+    index = {size: i for i, size in enumerate(sizes)}
+    fit_at = max((index[p.size] for p in probes if p.fits(budget_bytes)), default=-1)
+    over_at = min((index[p.size] for p in probes if not p.fits(budget_bytes)), default=len(sizes))
+    size = sizes[fit_at] if fit_at >= 0 else None
+    if over_at == fit_at + 1 and over_at < len(sizes):
+        return size, True, ("nothing fits: the smallest size is over" if size is None else
+                            f"the next size measured {probes_by_size(probes)[sizes[over_at]].verdict(budget_bytes)}")
+    if fit_at == len(sizes) - 1:
+        return size, False, f"the grid's largest size ({sizes[-1]}) fits; larger sizes were not tried"
+    return size, False, f"not bracketed after {max_probes or len(probes)} sizes"
+
+
+def probes_by_size(probes: Sequence[Probe]) -> dict[int, Probe]:
+    return {p.size: p for p in probes}
 
 
 def _last_fitting(predicted: Sequence[float], budget_bytes: int, scale: float) -> int:
@@ -116,14 +169,7 @@ def grow(candidates: Sequence[int], predict: Callable[[int], float], measure: Ca
         if over_at == fit_at + 1 or fit_at == len(sizes) - 1:
             break
         index = min(max(_next_guess(sizes, predicted, probes, budget_bytes), fit_at + 1), over_at - 1)
-    size = sizes[fit_at] if fit_at >= 0 else None
-    confirmed = over_at == fit_at + 1 and over_at < len(sizes)
-    if confirmed:
-        reason = "nothing fits: the smallest size is over" if size is None else "the next size measured over"
-    elif fit_at == len(sizes) - 1:
-        reason = f"the grid's largest size ({sizes[-1]}) fits; larger sizes were not tried"
-    else:
-        reason = f"not bracketed after {max_probes} trials"
+    size, confirmed, reason = settle(sizes, probes, budget_bytes, max_probes)
     return Growth(size=size, predicted_size=sizes[start] if start >= 0 else None, confirmed=confirmed,
                   probes=tuple(probes), reason=reason)
 
@@ -188,12 +234,15 @@ def size_limit(facts: Any, grow_by: str, max_size: int | None) -> int:
 def fit(budget_bytes: int, optimizers: Sequence[str], out_path: Path, job: TrialSpec | None = None,
         grow_by: str = "batch", optimizer_kwargs: dict[str, dict[str, Any]] | None = None,
         max_size: int | None = None, progress: TextIO | None = sys.stderr, *,
-        run: Callable[[TrialSpec, Path, TextIO | None], Record]) -> FitResult:
+        run: Callable[[TrialSpec, Path, TextIO | None], Record], repeats: int = REPEATS) -> FitResult:
     """For each optimizer, the largest size of `job` (default: the MiniLM default job) within `budget_bytes`,
-    predicted and confirmed by short trials appended to `out_path` (resumable)."""
+    predicted and confirmed by short trials appended to `out_path` (resumable), `repeats` per size."""
     from optbench.memory import predict
     from optbench.optimizers import resolve
 
+    if repeats < 2:
+        raise ValueError("fit needs at least two trials per size: one trial cannot show how far a peak moves "
+                         "between runs, so it cannot tell a size that fits from one that fits by luck")
     job = job or default_job()
     kind = device_kind(job.device)
     facts = predict.facts_for_spec(job)
@@ -211,9 +260,8 @@ def fit(budget_bytes: int, optimizers: Sequence[str], out_path: Path, job: Trial
         def measured(size: int, entry=entry, kwargs=kwargs) -> Probe:
             spec = dataclasses.replace(probe_spec(job, entry.name, grow_by, size, budget_bytes),
                                        optimizer_kwargs=kwargs)
-            record = run(spec, out_path, progress)
-            peak = measured_peak(record) if record.status == "ok" else None
-            return Probe(size, record.status, peak, record.samples_per_s, record.trial_id)
+            return probe_from_records(size, [run(dataclasses.replace(spec, seed=seed), out_path, progress)
+                                             for seed in range(repeats)])
 
         growths[entry.name] = grow(sizes, predicted, measured, budget_bytes)
         if progress is not None:
@@ -227,10 +275,35 @@ def _summary(growth: Growth, budget_bytes: int) -> str:
     return f"largest {growth.size} (predicted {growth.predicted_size}; {growth.reason}) [{trials}]"
 
 
+def result_from_records(records: Sequence[Record], budget_bytes: int, grow_by: str = "batch") -> FitResult:
+    """A fit's answer rebuilt from its trials' records alone (what `fit` appended to its results file), so a
+    published table is rendered from records: per optimizer the sizes in the order they were first tried (the
+    first is where the prediction started the search), each size's repeats one probe."""
+    field_name = GROW_FIELDS[grow_by]
+    growths: dict[str, Growth] = {}
+    for name in dict.fromkeys(r.optimizer for r in records):
+        mine = sorted((r for r in records if r.optimizer == name), key=lambda r: r.started_at)
+        by_size: dict[int, list[Record]] = {}
+        for record in mine:
+            by_size.setdefault(int(getattr(record, field_name)), []).append(record)
+        probes = [probe_from_records(size, group) for size, group in by_size.items()]
+        sizes = candidate_sizes(grow_by, max(by_size))
+        size, confirmed, reason = settle(sizes, probes, budget_bytes)
+        first = probes[0]
+        predicted = first.size if first.predicted_bytes is not None and first.predicted_bytes <= budget_bytes \
+            else None
+        growths[name] = Growth(size, predicted, confirmed, tuple(probes), reason)
+    first = records[0]
+    job = TrialSpec(optimizer=first.optimizer, workload=first.workload, model=first.model, device=first.device,
+                    batch_size=first.batch_size, seq_len=first.seq_len, precision=first.precision)
+    kind = "cuda" if first.device.startswith("cuda") else "cpu"
+    return FitResult(budget_bytes, grow_by, job, kind, growths)
+
+
 # -- what it says: the table and the figure ---------------------------------------------------------------
 def fit_table(result: FitResult) -> Any:
     """One row per optimizer: the largest size, what the predictor said, the confirming trials, the measured
-    peak and samples/s at the largest size (a pandas DataFrame)."""
+    peak (largest repeat), its jitter, the process's whole peak and samples/s at the largest size (a DataFrame)."""
     import pandas as pd
 
     unit = "batch" if result.grow_by == "batch" else "seq"
@@ -240,6 +313,10 @@ def fit_table(result: FitResult) -> Any:
         rows.append({"optimizer": name, f"largest {unit}": growth.size, f"predicted {unit}": growth.predicted_size,
                      "confirmed": growth.confirmed,
                      "peak MiB": None if at is None or at.peak_bytes is None else at.peak_bytes / MIB,
+                     "jitter MiB": None if at is None or at.peak_bytes is None or at.repeats < 2
+                     else at.jitter_bytes / MIB,
+                     "process peak MiB": None if at is None or at.process_peak_bytes is None
+                     else at.process_peak_bytes / MIB,
                      "samples/s": None if at is None else at.samples_per_s,
                      "trials": "; ".join(p.describe(result.budget_bytes) for p in growth.probes),
                      "why": growth.reason})
@@ -255,11 +332,13 @@ def _job_label(result: FitResult) -> str:
 def render(result: FitResult) -> str:
     """The table as markdown under a header saying what the budget covers and how sizes were confirmed."""
     header = [f"largest {result.grow_by} within {result.budget_bytes / GIB:.2f} GiB per optimizer: "
-              f"{_job_label(result)}",
-              "peak = " + ("weights + peak RSS growth (the process's libraries come on top)"
-                           if result.device_kind == "cpu" else "the CUDA allocator's peak"),
-              f"predicted by optbench.memory.predict, confirmed by {PROBE_STEPS}-step trials: the largest size must "
-              "measure within the budget and the next size on the grid over it (or fail oom)"]
+              f"{_job_label(result)}", "budget covers " + (
+                  "weights + peak RSS growth over the process's post-setup baseline; the process's whole peak RSS "
+                  "(its libraries, the data) comes on top and is shown apart, not budgeted"
+                  if result.device_kind == "cpu" else "the CUDA allocator's peak"),
+              "predicted by optbench.memory.predict, confirmed by short trials, several per size: a size fits when "
+              "its largest peak is under the budget by at least the spread its trials showed; the next size on the "
+              "grid must measure over (or too close to call, or fail oom)"]
     table = fit_table(result).to_markdown(index=False, floatfmt=".1f")
     return "\n".join(header) + "\n\n" + table + "\n"
 

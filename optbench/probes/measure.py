@@ -1,4 +1,5 @@
-"""Probes: optimizer-state bytes, peak memory, device bandwidth and the speed summary (timing: probes/timing.py).
+"""Probes: optimizer-state bytes, peak memory and the speed summary (timing: probes/timing.py; the triad
+bandwidth probe: probes/triad.py).
 
 Each probe exists because the obvious way to measure gets it wrong:
 - optimizer state is created lazily on the first step() and bitsandbytes shares its quantisation maps
@@ -16,9 +17,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
-import functools
 import gc
-import math
 import statistics
 import warnings
 from collections.abc import Iterable, Iterator
@@ -34,8 +33,6 @@ from optbench.probes.timing import StepTimer, clock, synchronize  # noqa: F401
 
 _STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
-_CPU_CACHE = Path("/sys/devices/system/cpu/cpu0/cache")
-GUESSED_CACHE_BYTES = 32 * 2**20  # the last-level cache assumed where sysfs does not say (a large server's L3)
 
 
 class MeasurementWarning(UserWarning):
@@ -285,105 +282,6 @@ def describe_speed(record: Any, step_times: list[float], optimizer_times: list[f
     record.optimizer_step_median_s, record.optimizer_step_iqr_s = median_iqr(optimizer_times)
     if record.step_time_median_s:
         record.samples_per_s = record.batch_size / record.step_time_median_s
-
-
-def last_level_cache_bytes() -> int:
-    """The largest CPU cache (sysfs): what a bandwidth buffer must dwarf. Where sysfs does not say, 32 MiB is
-    assumed, with a MeasurementWarning: a larger cache would make the bandwidth read too high."""
-    sizes = []
-    for path in _CPU_CACHE.glob("index*/size"):
-        text = path.read_text().strip().upper()
-        with contextlib.suppress(ValueError, KeyError, IndexError):
-            sizes.append(int(text[:-1]) * {"K": 2**10, "M": 2**20, "G": 2**30}[text[-1]])
-    if not sizes:
-        warnings.warn(f"the CPU's cache sizes could not be read from {_CPU_CACHE}: the bandwidth probe assumes a "
-                      f"{GUESSED_CACHE_BYTES // 2**20} MiB last-level cache (device_bandwidth_bytes_per_s reads too "
-                      "high if it is larger)", MeasurementWarning, stacklevel=2)
-    return max(sizes, default=GUESSED_CACHE_BYTES)
-
-
-CUDA_BANDWIDTH_OPERAND_BYTES = 512 * 2**20  # far beyond any L2; a pass lasts long enough for events to time it
-MIN_CUDA_BANDWIDTH_OPERAND_BYTES = 16 * 2**20  # below this a reading says more about launch latency than memory
-
-
-def bandwidth_buffer_bytes(device: torch.device, room_bytes: int | None = None) -> int:
-    """Bytes per triad operand: 2x the last-level cache on CPU (two operands: 4x in all); on CUDA 512 MiB, or a
-    quarter of `room_bytes` (what the allocator may still take) where that is less, so that a `--max-memory` cap
-    never makes the probe the trial's out-of-memory error."""
-    if device.type != "cuda":
-        return 2 * last_level_cache_bytes()
-    return CUDA_BANDWIDTH_OPERAND_BYTES if room_bytes is None else min(CUDA_BANDWIDTH_OPERAND_BYTES, room_bytes // 4)
-
-
-def cuda_room_bytes(device: torch.device) -> int:
-    """What torch's allocator can still get on `device`: the driver's free memory, and no more than the
-    per-process cap (`set_per_process_memory_fraction`) leaves beyond what the allocator already reserved."""
-    free, total = torch.cuda.mem_get_info(device)
-    fraction = torch.cuda.get_per_process_memory_fraction(device)  # absent in torch 2.5: the floor is 2.11
-    return room_bytes(free, total, fraction, torch.cuda.memory_reserved(device))
-
-
-def room_bytes(free_bytes: int, total_bytes: int, fraction: float, reserved_bytes: int) -> int:
-    """The driver's free memory, but no more than the cap (`fraction` of the GPU) leaves beyond what is reserved."""
-    return max(0, min(free_bytes, int(fraction * total_bytes) - reserved_bytes))
-
-
-# The SM clock of an idle GPU sits far below its boost clock (an H200 idles at 345 MHz and boosts to 1980 MHz),
-# and a triad pass over 512 MiB lasts a fraction of a millisecond: passes timed before the clock ramps read low,
-# and the roofline share computed against them reads high. Sustained work first brings the clock up.
-CUDA_WARM_UP_S = 0.25
-MOST_WARM_UP_PASSES = 5000
-
-
-def warm_up_pass_count(pass_s: float, warm_up_s: float = CUDA_WARM_UP_S, most: int = MOST_WARM_UP_PASSES) -> int:
-    """Back-to-back passes that keep the device busy for `warm_up_s`, from one pass's time (timed cold, so the
-    count errs high); at least one, at most `most`."""
-    if pass_s <= 0:
-        return most
-    return max(1, min(most, math.ceil(warm_up_s / pass_s)))
-
-
-def warm_up_clocks(device: torch.device, work: Any, warm_up_s: float = CUDA_WARM_UP_S) -> int:
-    """Run `work` (a callable launching one pass) back to back until the device was busy for about `warm_up_s`;
-    returns the passes run. On CPU nothing: a CPU pass is long and one untimed pass warms it."""
-    if device.type != "cuda":
-        return 0
-    timer = StepTimer(device)
-    timer.mark("start")
-    work()
-    timer.mark("end")
-    passes = warm_up_pass_count(timer.seconds("start", "end"), warm_up_s)
-    for _ in range(passes):
-        work()
-    synchronize(device)
-    return passes + 1
-
-
-def triad_bandwidth_samples(device: torch.device, samples: int = 5) -> list[float]:
-    """The device's memory bandwidth as an in-place kernel shaped like an optimizer step sees it: `a += s * b` over
-    two fp32 buffers that dwarf the caches, bytes counted as the step's are (every byte read once, every byte
-    written once: 3 x the operand size; in place, so no write-allocate traffic goes uncounted), one sample per
-    pass after one untimed pass, with torch's current thread count. CUDA passes are timed with events; no samples
-    where the memory left is too small for a meaningful buffer."""
-    nbytes = bandwidth_buffer_bytes(device, cuda_room_bytes(device) if device.type == "cuda" else None)
-    if device.type == "cuda" and nbytes < MIN_CUDA_BANDWIDTH_OPERAND_BYTES:
-        return []
-    a = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
-    b = torch.full_like(a, 1e-3)
-    a.add_(b, alpha=0.5)  # untimed: pages the buffers in, warms the kernel
-    warm_up_clocks(device, functools.partial(a.add_, b, alpha=0.5))  # CUDA: the SM clock up from idle first
-    times = []
-    for _ in range(samples):
-        timer = StepTimer(device)
-        timer.mark("start")
-        a.add_(b, alpha=0.5)
-        timer.mark("end")
-        times.append(timer.seconds("start", "end"))
-    del a, b  # freed by reference count: no garbage collection needed, only the heap trimmed
-    trim_heap()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()  # the buffers must not sit in the trial's reserved memory
-    return [3 * nbytes / t for t in times if t > 0]
 
 
 def optimizer_impl(optimizer: Any) -> str | None:

@@ -1,4 +1,5 @@
-"""The environment stamp every record carries: library versions, hardware, threads, load and git commit.
+"""The environment stamp every record carries: library versions, hardware, threads, load, git commit and whether
+the checkout was dirty.
 
 What a reader needs to trust or reproduce a number, and what `compare` checks before it calls two runs
 comparable. Reading it costs a `git rev-parse` and a look at /proc, so callers stamp once per trial.
@@ -9,6 +10,7 @@ from __future__ import annotations
 import functools
 import os
 import platform
+import re
 import subprocess
 import sys
 from collections.abc import Iterable
@@ -33,15 +35,36 @@ def _version(package: str) -> str | None:
         return None
 
 
-def git_commit() -> str | None:
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
+
+
+def _git(*args: str, cwd: Path = PACKAGE_DIR) -> str | None:
+    """A git command's output in the checkout `cwd` is in (this package's, by default); None outside one (an
+    installed wheel) or without git."""
     try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-            cwd=Path(__file__).resolve().parent,
-        )
+        out = subprocess.run(["git", *args], capture_output=True, text=True, timeout=5, cwd=cwd)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
+    return out.stdout if out.returncode == 0 else None
+
+
+def git_commit() -> str | None:
+    out = _git("rev-parse", "HEAD")
+    return (out or "").strip() or None
+
+
+# Paths whose changes do not change what a number means: the results the reference steps write while they run (a
+# second step would otherwise see the first step's records as a dirty tree).
+CLEAN_EXCEPT = ("results",)
+
+
+def git_dirty(cwd: Path = PACKAGE_DIR) -> bool | None:
+    """Whether the checkout differs from its commit: a tracked file changed, or an untracked one (not ignored) was
+    added, outside CLEAN_EXCEPT. A number measured from a dirty tree cannot be reproduced from its commit alone.
+    None where there is no checkout to ask."""
+    excluded = [f":(top,exclude){path}" for path in CLEAN_EXCEPT]
+    out = _git("status", "--porcelain", "--", ":(top)", *excluded, cwd=cwd)
+    return None if out is None else bool(out.strip())
 
 
 @functools.cache
@@ -92,6 +115,19 @@ def gpu_name(device: Any = None) -> str | None:
     return torch.cuda.get_device_name(torch.cuda.current_device() if index is None else index)
 
 
+def machine_key(device: Any) -> str:
+    """The machine as a file name, for per-machine files (the bandwidth calibration): on CPU the CPU's name and
+    family/model/stepping and torch's thread count (the bandwidth a CPU reaches depends on how many threads
+    stream), on CUDA the GPU's name."""
+    import torch
+
+    if getattr(device, "type", str(device)) == "cuda":
+        text = f"cuda {gpu_name(device)}"
+    else:
+        text = f"cpu {cpu_name()} {cpu_model() or ''} {torch.get_num_threads()} threads"
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
 def environment(device: Any = None, packages: Iterable[str] = ("torch", "transformers", "datasets", "bitsandbytes",
                                                                "torchao", "optbench"), runtime: bool = True
                 ) -> dict[str, Any]:
@@ -117,6 +153,7 @@ def environment(device: Any = None, packages: Iterable[str] = ("torch", "transfo
         if env["gpu"] is not None:  # the driver's view: clocks, temperature, ECC, other processes (records/nvidia.py)
             for key, value in nvidia.gpu_stamp(gpu_uuid(device)).items():
                 env.setdefault(key, value)
+    env["git_dirty"] = git_dirty()
     return env
 
 

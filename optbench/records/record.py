@@ -150,11 +150,20 @@ class Record:
     optimizer_impl: str | None = None  # fused | foreach | per-tensor loop | per-parameter[, host-synced] | None
     optimizer_step_traffic_bytes: int | None = None  # bytes one step must read + write (analytic)
     # The device's memory bandwidth as an in-place triad kernel sees it (a += s * b over buffers far larger than
-    # the last-level cache, bytes counted as the step's are), sampled before, during and after training.
-    device_bandwidth_bytes_per_s: float | None = None  # median of the samples
+    # the last-level cache, bytes counted as the step's are). The trial's own short probe, sampled before and after
+    # training, is a check only: on a shared machine it is noise (optbench/probes/bandwidth.py).
+    device_bandwidth_bytes_per_s: float | None = None  # the trial probe's median
     device_bandwidth_iqr_bytes_per_s: float | None = None
     device_copy_bandwidth_bytes_per_s: float | None = None  # schema 1's ceiling (one copy_): read, never written
-    roofline_fraction: float | None = None  # traffic / optimizer-step median / device bandwidth; > 1: bad ceiling
+    # The machine's calibrated ceiling (`optbench calibrate-bandwidth`: a high quantile of many passes), its 5-95 %
+    # spread, and where it came from: the calibration file, or "uncalibrated: <why>". None: a record from before.
+    device_bandwidth_calibrated_bytes_per_s: float | None = None
+    device_bandwidth_calibrated_spread_bytes_per_s: float | None = None
+    device_bandwidth_source: str | None = None
+    device_bandwidth_probe_disagrees: bool | None = None  # the trial probe fell outside the calibration's 5-95 %
+    # traffic / optimizer-step median / the calibrated ceiling (None uncalibrated). Records from before the
+    # calibration divided by their own probe: the report shows those as uncalibrated. > 1: a bad ceiling.
+    roofline_fraction: float | None = None
     paged: bool | None = None  # None: not a paged optimizer; False: asked for paging, fell back (why in paged_reason)
     paged_reason: str | None = None
     # per-step samples after warm-up (seconds), so `compare` can test against the distribution

@@ -5,9 +5,11 @@ the numbers the report shows. Every metric of the metric table with a gate check
 calls for, and a row regresses only when the change is both beyond its threshold and statistically
 significant — the 95 % confidence interval of the change lies wholly beyond the threshold:
 
-- time (step, optimizer step): the ratio NEW / BASE of the medians of the per-step samples (all seeds
-  pooled), with a percentile bootstrap CI (stats.bootstrap_ratio_of_medians, fixed seed). A CI that contains
-  1 is shown as "within noise". Records without samples fall back to the plain threshold on the medians.
+- time (step, optimizer step): each trial is a process of its own and its median one draw; the change is the
+  ratio of the geometric means of NEW's and BASE's process medians, with a 95 % interval from the spread
+  *between* processes (report/noise.py): at least three per side (`--seeds 0,1,2`), or a recorded history of
+  same-commit runs (`history`). Steps within one run are not independent repeats, so their spread is shown
+  (within-run) but never makes the interval. Too few runs: no interval, the plain threshold on the change.
 - quality (the job's target metric): paired over the seeds both runs share (stats.paired_verdict, the margin
   being the threshold, so the cell reads in the report's verdict words). Accuracy-like metrics (in [0, 1])
   regress on a drop beyond `max_accuracy_drop_pts` points; perplexity, loss and the like on a relative
@@ -17,7 +19,7 @@ significant — the 95 % confidence interval of the change lies wholly beyond th
   more than `min_peak_growth_mib` (0 by default; the nightly sets it on CPU).
 
 A row also regresses when it was `ok` in BASE and is failed or missing in NEW. A row new in NEW is reported,
-never a regression. `environment_differences` compares the two runs' stamps (machine, library versions,
+never a regression. `environments.environment_differences` compares the two runs' stamps (machine, library versions,
 threads): numbers from unlike machines are not a comparison, so the table says so.
 
 `export_github_benchmark` writes NEW's numbers in github-action-benchmark's custom format: one file of what
@@ -35,14 +37,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from optbench.records.record import MACHINE_KEYS, Record
-from optbench.report import metrics, stats
+from optbench.records.record import Record
+from optbench.report import metrics, noise, stats
+from optbench.report.environments import busy_machine, environment_differences, run_commits
 from optbench.report.frame import per_seed, summarize, trials_frame
 from optbench.report.metrics import MEMORY, QUALITY, TIME, Metric
-
-MIN_SAMPLES = 3  # per run; fewer and a bootstrap only re-draws the same one or two numbers
-# Environment keys that change what a number means: (where, key). "record" is a Record field, "env" its stamp.
-ENV_KEYS = (("record", "device_name"), ("env", "cpu"), ("env", "cpu_count"), *(("env", key) for key in MACHINE_KEYS))
 
 
 class CompareError(ValueError):
@@ -82,9 +81,12 @@ class Change:
     delta: float
     low: float | None = None
     high: float | None = None
-    test: str = "threshold"  # "bootstrap" | "paired-t" | "threshold"
+    test: str = "threshold"  # "between-run" | "between-run + history" | "paired-t" | "threshold"
     unit: str = "%"
     verdict: str | None = None  # quality, paired: the verdict words against the threshold as margin
+    runs: str | None = None  # time: processes per side, "3+3"
+    between_run: float | None = None  # time: relative spread between processes (pooled sd of log medians), %
+    within_run: float | None = None  # time: relative spread of steps within a process (IQR / median), %
 
 
 @dataclass(frozen=True)
@@ -114,12 +116,6 @@ def _value(row: pd.Series | None, column: str) -> float | None:
 Pair = tuple[str, str]  # (job_id, optimizer)
 
 
-def _pooled_samples(trials: pd.DataFrame | None, metric: Metric) -> list[float]:
-    if trials is None or metric.samples is None or metric.samples not in trials:
-        return []
-    return [float(v) for samples in trials[metric.samples] if isinstance(samples, list) for v in samples]
-
-
 def _quality_change(before: float, after: float, base_trials: pd.DataFrame | None, new_trials: pd.DataFrame | None,
                     row: Row, limits: Thresholds) -> Change | None:
     """Paired over shared seeds with the verdict words (margin = the threshold); else the plain difference."""
@@ -137,19 +133,30 @@ def _quality_change(before: float, after: float, base_trials: pd.DataFrame | Non
     return Change(100 * (after / before - 1), unit=unit) if before else None
 
 
+def _time_change(metric: Metric, base_trials: pd.DataFrame | None, new_trials: pd.DataFrame | None,
+                 history: noise.Spread) -> Change | None:
+    """The run-to-run change of a time metric (report/noise.py), in %, with both spreads."""
+    found = noise.time_change(metric, base_trials, new_trials, history)
+    if found is None:
+        return None
+    pct = [None if v is None else 100 * (v - 1) for v in (found.low, found.high)]
+    percent = [None if v is None else 100 * v for v in (found.between_run, found.within_run)]
+    return Change(100 * (found.ratio - 1), pct[0], pct[1], found.basis if pct[0] is not None else "threshold",
+                  runs=f"{found.runs[0]}+{found.runs[1]}", between_run=percent[0], within_run=percent[1])
+
+
 def measure_change(metric: Metric, before: float | None, after: float | None, base_trials: pd.DataFrame | None,
-                   new_trials: pd.DataFrame | None, row: Row = Row(), limits: Thresholds = Thresholds()
-                   ) -> Change | None:
+                   new_trials: pd.DataFrame | None, row: Row = Row(), limits: Thresholds = Thresholds(),
+                   history: noise.Spread = noise.NO_HISTORY) -> Change | None:
     """The change of one metric for one row, tested the way its noise calls for (see the module doc)."""
     if before is None or after is None:
         return None
     if metric.gate == QUALITY:
         return _quality_change(before, after, base_trials, new_trials, row, limits)
     if metric.gate == TIME:
-        base_samples, new_samples = _pooled_samples(base_trials, metric), _pooled_samples(new_trials, metric)
-        if min(len(base_samples), len(new_samples)) >= MIN_SAMPLES and min(base_samples) > 0:
-            ratio, low, high = stats.bootstrap_ratio_of_medians(base_samples, new_samples)
-            return Change(100 * (ratio - 1), 100 * (low - 1), 100 * (high - 1), "bootstrap")
+        found = _time_change(metric, base_trials, new_trials, history)
+        if found is not None:
+            return found
     return Change(100 * (after / before - 1)) if before > 0 else None
 
 
@@ -199,46 +206,6 @@ def _ok_trials(frame: pd.DataFrame) -> dict[Pair, pd.DataFrame]:
     return {(job, optimizer): group for (job, optimizer), group in ok.groupby(["job_id", "optimizer"], sort=False)}
 
 
-def _stamp(records: list[Record], where: str, key: str) -> set[str] | None:
-    """The values a run shows for one key (None: a library stamped as not installed); None when no record
-    of the run carries the key at all (an older file), so there is nothing to compare."""
-    if where == "record":
-        return {str(getattr(r, key)) for r in records if getattr(r, key)} or None
-    present = [r.env[key] for r in records if key in r.env]
-    return {str(value) for value in present} if present else None
-
-
-def run_commits(records: list[Record]) -> list[str]:
-    """The git commits a run's records were measured at, in first-seen order."""
-    return list(dict.fromkeys(str(r.env["git_commit"]) for r in records if r.env.get("git_commit")))
-
-
-def environment_differences(base: list[Record], new: list[Record]) -> list[str]:
-    """One line per environment key whose values differ between the runs (keys one run lacks are skipped)."""
-    lines = []
-    for where, key in ENV_KEYS:
-        before, after = _stamp(base, where, key), _stamp(new, where, key)
-        if before is not None and after is not None and before != after:
-            lines.append(f"{key}: {', '.join(sorted(before))} → {', '.join(sorted(after))}")
-    return lines
-
-
-BUSY_LOAD_PER_CORE = 1.5  # one sweep keeps the load near the core count; well above it, others shared the CPUs
-
-
-def busy_machine(records: list[Record], name: str) -> str | None:
-    """A warning when a run's trials were stamped with a 1-minute load above BUSY_LOAD_PER_CORE x cores:
-    its times include neighbours' work (back-to-back runs here moved +50 % and more at load 15-20)."""
-    loads = [(r.env["load_avg_1m"], r.env.get("cpu_count") or 1) for r in records
-             if isinstance(r.env.get("load_avg_1m"), int | float)]
-    busy = [load for load, cores in loads if load > BUSY_LOAD_PER_CORE * cores]
-    if not busy:
-        return None
-    cores = max(c for _, c in loads)
-    return (f"{name} was timed on a busy machine (1-minute load up to {max(busy):.1f} on {cores} cores in "
-            f"{len(busy)} of {len(loads)} trials): its times include other work")
-
-
 def thresholds_for(device: str) -> Thresholds:
     """The calibrated thresholds of a device name (cpu, cuda, cuda:N): CUDA's for a GPU, else the CPU's."""
     return DEFAULT_THRESHOLDS["cuda" if str(device).startswith("cuda") else "cpu"]
@@ -259,18 +226,22 @@ def _row_kind(base: pd.Series | None, new: pd.Series | None) -> Row:
     return Row(str(row["target_metric"]), str(row["target_mode"]), scale if isinstance(scale, str) else stats.POINTS)
 
 
-def _compare_pair(pair: Pair, ok: tuple[dict, dict], trials: tuple[dict, dict], limits: Thresholds
-                  ) -> tuple[dict, list[str]]:
+CHANGE_COLUMNS = ("delta", "low", "high", "test", "verdict", "runs", "between_run", "within_run")
+
+
+def _compare_pair(pair: Pair, ok: tuple[dict, dict], trials: tuple[dict, dict], limits: Thresholds,
+                  history: dict[str, noise.Spread]) -> tuple[dict, list[str]]:
     """One (job, optimizer): BASE, NEW and the tested change per gated metric, and the regressions found."""
     base, new = ok[0].get(pair), ok[1].get(pair)
     kind = _row_kind(base, new)
     row, problems = {"target_metric": kind.target_metric, "target_mode": kind.target_mode, "scale": kind.scale}, []
     for metric in metrics.gated():
         before, after = _value(base, metric.column), _value(new, metric.column)
-        change = measure_change(metric, before, after, trials[0].get(pair), trials[1].get(pair), kind, limits)
+        change = measure_change(metric, before, after, trials[0].get(pair), trials[1].get(pair), kind, limits,
+                                history.get(metric.column, noise.NO_HISTORY))
         row.update({f"{metric.column}_base": before, f"{metric.column}_new": after,
                     **{f"{metric.column}_{name}": None if change is None else getattr(change, name)
-                       for name in ("delta", "low", "high", "test", "verdict")}})
+                       for name in CHANGE_COLUMNS}})
         growth = None if before is None or after is None else after - before
         problem = crossed(metric, change, limits, growth, kind)
         if problem:
@@ -278,8 +249,11 @@ def _compare_pair(pair: Pair, ok: tuple[dict, dict], trials: tuple[dict, dict], 
     return row, problems
 
 
-def compare(base: list[Record], new: list[Record], limits: Thresholds) -> Comparison:
-    """Row per (job, optimizer) in either run, with BASE, NEW and the tested change per gated metric."""
+def compare(base: list[Record], new: list[Record], limits: Thresholds, history: Sequence[Record] = ()
+            ) -> Comparison:
+    """Row per (job, optimizer) in either run, with BASE, NEW and the tested change per gated metric; `history`:
+    records of earlier same-commit runs, whose run-to-run spread joins the time intervals (report/noise.py)."""
+    spreads = noise.history_spreads(history)
     base_frame, new_frame = trials_frame(base), trials_frame(new)
     base_summary, new_summary = summarize(base_frame), summarize(new_frame)
     base_ok, base_status = _by_pair(base_summary)
@@ -295,7 +269,7 @@ def compare(base: list[Record], new: list[Record], limits: Thresholds) -> Compar
         job, optimizer = labels[pair[0]], pair[1]
         row = {"job": job, "optimizer": optimizer, "base_status": base_status.get(pair, "missing"),
                "new_status": new_status.get(pair, "missing")}
-        measured, problems = _compare_pair(pair, (base_ok, new_ok), trials, limits)
+        measured, problems = _compare_pair(pair, (base_ok, new_ok), trials, limits, spreads.get(pair, {}))
         if pair in base_ok and row["new_status"] != "ok":
             problems.insert(0, f"was ok, now {row['new_status']}")
         row.update(measured, regression="; ".join(problems))
@@ -330,19 +304,36 @@ def _cell(metric: Metric, row: pd.Series) -> str:
         return f"{show[0]} → {show[1]}"
     unit = "pts" if metric.gate == QUALITY and row.get("scale") == stats.POINTS else "%"
     low, high = _value(row, f"{metric.column}_low"), _value(row, f"{metric.column}_high")
+    spreads = _spreads(metric, row)
     if low is not None and high is not None:
         verdict = row.get(f"{metric.column}_verdict")
         said = f": {verdict}" if isinstance(verdict, str) else (", within noise" if low <= 0 <= high else "")
-        return f"{show[0]} → {show[1]} ({delta:+.1f} {unit}, CI {low:+.1f} … {high:+.1f}{said})"
-    untested = ", no CI" if metric.gate != MEMORY else ""
-    return f"{show[0]} → {show[1]} ({delta:+.1f} {unit}{untested})"
+        return f"{show[0]} → {show[1]} ({delta:+.1f} {unit}, CI {low:+.1f} … {high:+.1f}{said}{spreads})"
+    untested = (", no CI: too few runs" if metric.gate == TIME else ", no CI") if metric.gate != MEMORY else ""
+    return f"{show[0]} → {show[1]} ({delta:+.1f} {unit}{untested}{spreads})"
 
 
-LEGEND = ("Change NEW vs BASE with its 95 % CI. Times: ratio of the medians of the per-step samples (seeds "
-          "pooled), bootstrap CI; the target metric: paired over shared seeds, Student-t CI, in the report's verdict "
-          "words with the threshold as margin; memory and state: plain threshold (state bytes are exact; a peak "
-          "must also clear the peak-growth floor, if set). A change regresses only when its whole CI lies beyond "
-          "the threshold; \"no CI\": no samples or a single seed, plain threshold.")
+def _spreads(metric: Metric, row: pd.Series) -> str:
+    """A time cell's runs per side and both spreads: between processes (what the interval is made of) and within
+    one (how steady each run was)."""
+    runs = row.get(f"{metric.column}_runs")
+    if metric.gate != TIME or not isinstance(runs, str):
+        return ""
+    parts = [f"runs {runs}"]
+    for name, column in (("between-run", "between_run"), ("within-run", "within_run")):
+        value = _value(row, f"{metric.column}_{column}")
+        if value is not None:
+            parts.append(f"{name} ±{value:.1f} %")
+    return "; " + ", ".join(parts)
+
+
+LEGEND = ("Change NEW vs BASE with its 95 % CI. Times: ratio of the geometric means of the per-process medians "
+          "(each trial is a process; repeats are its seeds), Student-t CI from the spread between processes "
+          "(at least 3 per side, or a recorded same-commit history), shown with that between-run spread and the "
+          "spread of steps within a run; the target metric: paired over shared seeds, Student-t CI, in the report's "
+          "verdict words with the threshold as margin; memory and state: plain threshold (state bytes are exact; a "
+          "peak must also clear the peak-growth floor, if set). A change regresses only when its whole CI lies "
+          "beyond the threshold; \"no CI\": too few runs or a single seed, plain threshold.")
 
 
 def render_header(comparison: Comparison) -> str:

@@ -124,9 +124,17 @@ def _mark_finals(frame: pd.DataFrame, choices: dict[tuple[str, str], stats.LrCho
     frame["final"] = final
 
 
+def fixed_targets(frame: pd.DataFrame) -> dict[str, bool]:
+    """Per job: whether its target was fixed before its trials ran (given with the records: `--target`, or a
+    study's target from its tune stage), rather than set after the fact from the finals."""
+    given = pd.to_numeric(frame.get("target_value", pd.Series(dtype=float)), errors="coerce")
+    return {job: bool(given[rows.index].notna().any()) for job, rows in frame.groupby("job_id", sort=False)}
+
+
 def job_targets(frame: pd.DataFrame) -> dict[str, float]:
-    """Per job: a target given with the records (`--target`), else TARGET_SHARE of the best optimizer's
-    mean final metric (for a "min" metric such as perplexity: best / TARGET_SHARE)."""
+    """Per job: a target given with the records (`--target`, or a study's, fixed from its tune stage before the
+    finals), else — after the fact — TARGET_SHARE of the best optimizer's mean final metric (for a "min" metric
+    such as perplexity: best / TARGET_SHARE)."""
     targets = {}
     for job, group in frame[frame["final"] & (frame["status"] == "ok")].groupby("job_id", sort=False):
         given = pd.to_numeric(group["target_value"], errors="coerce").dropna()
@@ -143,16 +151,18 @@ def _add_time_to_target(frame: pd.DataFrame) -> None:
     """Steps and training seconds to the job's target per final trial with an eval curve: inf when the curve
     never got there (a miss counts, AlgoPerf's rule), NaN when there is no curve to read."""
     targets = job_targets(frame)
-    steps, seconds = [], []
+    steps, seconds, brackets = [], [], []
     for row in frame.itertuples():
         curve = row.eval_curve if isinstance(row.eval_curve, list) and row.eval_curve else None
-        if curve is None or not row.final or row.job_id not in targets:
-            steps.append(np.nan), seconds.append(np.nan)
-            continue
-        hit = stats.reached(curve, targets[row.job_id], row.target_mode)
-        steps.append(hit[0] if hit else np.inf), seconds.append(hit[1] if hit else np.inf)
+        hit = None if curve is None or not row.final or row.job_id not in targets else \
+            stats.reached(curve, targets[row.job_id], row.target_mode)
+        missed = np.nan if curve is None or not row.final or row.job_id not in targets else np.inf
+        steps.append(hit.step if hit else missed), seconds.append(hit.seconds if hit else missed)
+        brackets.append(hit.bracket_s if hit else np.nan)
     frame["steps_to_target"], frame["time_to_target_s"] = steps, seconds
+    frame["time_to_target_bracket_s"] = brackets
     frame["job_target"] = frame["job_id"].map(targets)
+    frame["job_target_fixed"] = frame["job_id"].map(fixed_targets(frame))
 
 
 def aggregate(metric: Metric, values: pd.Series) -> dict[str, Any]:
@@ -184,12 +194,15 @@ def _summary_row(group: pd.DataFrame, of_trials: int) -> dict[str, Any]:
            "engine": key.get("engine") or "native", "status": status, "trials": len(group), "of_trials": of_trials,
            "error": "; ".join(sorted({str(e) for e in group["error"].dropna()}))[:200] or None,
            "target_metric": first["target_metric"] or "accuracy", "target_mode": first["target_mode"] or "max",
-           "job_target": first["job_target"], "lr": first["lr"], "steps": key.get("steps"),
+           "job_target": first["job_target"], "job_target_fixed": first["job_target_fixed"], "lr": first["lr"],
+           "steps": key.get("steps"),
            "warmup_steps": key.get("warmup_steps"), "schedule": key.get("schedule"),
            "side_id": _without(key, SIDE_BY_SIDE_FIELDS), **{name: first[name] for name in TUNING}}
     if status == "ok":
         for metric in metrics.METRICS:
             row.update(aggregate(metric, group[metric.column]))
+        brackets = pd.to_numeric(group["time_to_target_bracket_s"], errors="coerce").dropna()
+        row["time_to_target_s_resolution"] = float(brackets.median()) if len(brackets) else None
     return row
 
 

@@ -115,6 +115,24 @@ def _matches_analytic(record: Record) -> str | None:
     return "yes" if record.state_bytes == record.analytic_state_bytes else "no"
 
 
+def _roofline_pct(record: Record) -> float | None:
+    """The roofline in %, only against a calibrated ceiling: a record without one (or from before calibrations,
+    which divided by its own per-trial probe) has none."""
+    if record.roofline_fraction is None or not record.device_bandwidth_calibrated_bytes_per_s:
+        return None
+    return 100 * record.roofline_fraction
+
+
+def _ceiling(record: Record) -> str | None:
+    """What the roofline was divided by: `calibrated` (and whether the trial's own probe disagreed with it) or
+    `uncalibrated`; None where the step's traffic is unknown (no roofline to speak of)."""
+    if record.optimizer_step_traffic_bytes is None:
+        return None
+    if not record.device_bandwidth_calibrated_bytes_per_s:
+        return "uncalibrated"
+    return "calibrated; probe disagrees" if record.device_bandwidth_probe_disagrees else "calibrated"
+
+
 def _prediction_error_pct(record: Record) -> float | None:
     """predicted / measured peak - 1, in %: how far optbench.memory.predict was off before training."""
     if not record.predicted_peak_bytes or not record.peak_memory_bytes:
@@ -143,10 +161,13 @@ METRICS: tuple[Metric, ...] = (
     Metric("samples_per_s", "samples/s", "1/s", 1, HIGHER, _scaled("samples_per_s", 1)),
     Metric("fp32_state_pct", "fp32 state %", "%", 2, None, _scaled("fp32_state_fraction", 100)),
     Metric("impl", "impl", "", 0, None, _text("optimizer_impl"), aggregate=TEXT),  # what torch ran
-    # optimizer step's memory traffic / its time, as a share of the calibrated device bandwidth
-    Metric("roofline_pct", "roofline %", "%", 1, HIGHER, _scaled("roofline_fraction", 100), invalid_above=100.0,
+    # optimizer step's memory traffic / its time, as a share of the machine's calibrated bandwidth (only then)
+    Metric("roofline_pct", "roofline %", "%", 1, HIGHER, _roofline_pct, invalid_above=100.0,
            invalid_text="calib. fail"),
-    Metric("bandwidth_gb_s", "bandwidth GB/s", "GB/s", 1, None, _scaled("device_bandwidth_bytes_per_s", 1e-9)),
+    Metric("bandwidth_gb_s", "bandwidth GB/s", "GB/s", 1, None,
+           _scaled("device_bandwidth_calibrated_bytes_per_s", 1e-9)),  # the calibrated ceiling
+    Metric("ceiling", "ceiling", "", 0, None, _ceiling, aggregate=TEXT),
+    Metric("probe_gb_s", "probe GB/s", "GB/s", 1, None, _scaled("device_bandwidth_bytes_per_s", 1e-9)),  # a check
     Metric("eval_target", "eval {metric}", "", 4, TARGET, eval_target, QUALITY, compact=True),
     Metric("steps_to_target", "steps to target", "steps", 0, LOWER, None, aggregate=MEDIAN_INF),
     Metric("time_to_target_s", "time to target s", "s", 1, LOWER, None, aggregate=MEDIAN_INF),

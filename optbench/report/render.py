@@ -1,4 +1,5 @@
-"""Render summary.py's frames: markdown, csv, json, a self-contained HTML page, and the terminal summary.
+"""Render summary.py's frames: markdown, csv, json, a self-contained HTML page (html_page.py), and the terminal
+summary.
 
 Numbers are means over seeds ± the half-width of their 95 % Student-t interval ("n/a" with one seed);
 failed trials get their own row with their status and message, so nothing disappears from the table.
@@ -9,7 +10,6 @@ worse by at least m, non-inferior, inconclusive). Figures come from plots.py, im
 
 from __future__ import annotations
 
-import base64
 import html
 import json
 import math
@@ -21,11 +21,11 @@ import pandas as pd
 
 from optbench.probes import HOST_SYNCED
 from optbench.records.record import REFERENCE_OPTIMIZER, Record, job_label
-from optbench.report import metrics, stats
-from optbench.report.frame import MEM_SAVED, SPEED, summarize, time_to_target_by_job, trials_frame
+from optbench.report import html_page, metrics, stats
+from optbench.report.frame import MEM_SAVED, SPEED, TARGET_SHARE, summarize, time_to_target_by_job, trials_frame
 from optbench.report.metrics import MEDIAN_INF, QUALITY, QUALITY_METRIC, TEXT, Metric
 
-__all__ = ["FORMATS", "render_html", "render_json", "render_markdown", "render_terminal", "summarize",
+__all__ = ["FORMATS", "render_json", "render_markdown", "render_terminal", "summarize",
            "trials_frame", "write_report"]
 
 FORMATS = ("md", "csv", "json", "html")
@@ -51,7 +51,9 @@ def metric_cell(row: pd.Series, metric: Metric) -> str:
         return str(value) if _present(value) else ""
     if metric.aggregate == MEDIAN_INF:
         n = _count(row, f"{column}_n")
-        return stats.TimeToTarget(float(value), _count(row, f"{column}_reached"), n).text(metric.decimals) if n else ""
+        spacing = row.get(f"{column}_resolution")  # the eval curve's: how finely it resolves the crossings
+        return stats.TimeToTarget(float(value), _count(row, f"{column}_reached"), n, spacing if _present(spacing)
+                                  else None).text(metric.decimals) if n else ""
     invalid = _count(row, f"{column}_invalid")
     if not _present(value):
         return metric.invalid_text if invalid else ""
@@ -134,8 +136,11 @@ def notes(rows: pd.DataFrame) -> str:
     metric = first["target_metric"]
     if _present(first.get("job_target")) and rows.get("time_to_target_s_n", pd.Series(dtype=float)).fillna(0).sum():
         sign = ">=" if first["target_mode"] == "max" else "<="
-        said.append(f"target: {metric} {sign} {first['job_target']:.4g} on the eval curve; time to target is the "
-                    "median over seeds, a seed that never reached it counting as infinite")
+        when = ("fixed before the runs" if first.get("job_target_fixed") is True else
+                f"set after the fact: {TARGET_SHARE:g} x the best final mean (give --target to fix it)")
+        said.append(f"target: {metric} {sign} {first['job_target']:.4g} on the eval curve ({when}); time to target "
+                    "is the median over seeds, a seed that never reached it counting as infinite, each crossing "
+                    "interpolated between the two evaluations around it (the curve's spacing is its resolution)")
     tuned = rows[rows["tune_steps"].notna()] if "tune_steps" in rows else rows[:0]
     if len(tuned):
         budget, steps = int(tuned["tune_steps"].max()), first.get("steps")
@@ -209,14 +214,20 @@ def render_json(summary: pd.DataFrame) -> str:
     return summary.to_json(orient="records", indent=1, force_ascii=False) + "\n"
 
 
-def _first_to_target(group: pd.DataFrame) -> pd.Series | None:
-    """The fastest median time to target among the optimizers that reached it on every seed: one that missed
-    on any seed is never called first."""
+def _first_to_target(group: pd.DataFrame) -> str | None:
+    """The sentence on the fastest median time to target among the optimizers that reached it on every seed (one
+    that missed on any seed is never called first); a lead no larger than the eval curve's resolution is no lead."""
     if "time_to_target_s_n" not in group:
         return None
-    everywhere = group[(group["time_to_target_s_n"].fillna(0) > 0)
-                       & (group["time_to_target_s_reached"] == group["time_to_target_s_n"])]
-    return everywhere.loc[everywhere["time_to_target_s"].astype(float).idxmin()] if len(everywhere) else None
+    n = group["time_to_target_s_n"].fillna(0)
+    reached = group[(n > 0) & (group["time_to_target_s_reached"] == n)]
+    times = reached["time_to_target_s"].astype(float).sort_values()
+    spacing = pd.to_numeric(reached.get("time_to_target_s_resolution"), errors="coerce").max()
+    if len(times) > 1 and _present(spacing) and times.iloc[1] - times.iloc[0] <= spacing:
+        tied = ", ".join(str(reached.loc[i, "optimizer"]) for i in times.index if times[i] - times.iloc[0] <= spacing)
+        return f"no first to the target: {tied} reach it within the eval curve's {spacing:,.1f} s resolution"
+    return (f"first to the target on every seed: {reached.loc[times.index[0], 'optimizer']} (median "
+            f"{times.iloc[0]:,.1f} s)") if len(times) else None
 
 
 def verdict_sentences(group: pd.DataFrame) -> list[str]:
@@ -235,10 +246,7 @@ def verdict_sentences(group: pd.DataFrame) -> list[str]:
     if len(timed):
         fast = timed.loc[timed["step_ms"].idxmin()]
         said.append(f"fastest step: {fast['optimizer']} ({fast['step_ms']:,.0f} ms)")
-    first = _first_to_target(group)
-    if first is not None:
-        said.append(f"first to the target on every seed: {first['optimizer']} "
-                    f"(median {first['time_to_target_s']:,.1f} s)")
+    said += [sentence for sentence in [_first_to_target(group)] if sentence]
     by_verdict: dict[str, list[str]] = {}  # one sentence per verdict, naming every optimizer it holds for
     for _, r in group.iterrows():
         if verdict_phrase(r):
@@ -311,45 +319,7 @@ def render_terminal(summary: pd.DataFrame | Iterable[Record], margin: float | No
     return "\n\n".join(parts) + "\n"
 
 
-# --- html and the files ----------------------------------------------------------------------------------
-
-# Click a header to sort its table by that column (numbers by their leading value), click again to reverse.
-SORT_JS = """
-document.querySelectorAll('table.sortable th').forEach((th, col) => th.addEventListener('click', () => {
-  const body = th.closest('table').tBodies[0], rows = Array.from(body.rows);
-  const key = r => { const t = r.cells[col].textContent.trim(), n = parseFloat(t.replace(/,/g, ''));
-                     return isNaN(n) ? t : n; };
-  const dir = th.dataset.dir === 'asc' ? -1 : 1; th.dataset.dir = dir === 1 ? 'asc' : 'desc';
-  rows.sort((a, b) => { const x = key(a), y = key(b);
-    return (typeof x === typeof y ? (x < y ? -1 : x > y ? 1 : 0) : (typeof x === 'number' ? -1 : 1)) * dir; });
-  rows.forEach(r => body.appendChild(r));
-}));
-"""
-STYLE = ("body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;font-size:85%}"
-         "td,th{padding:3px 8px;border-bottom:1px solid #ddd;text-align:right}th{cursor:pointer;"
-         "background:#f4f4f4}th:hover{background:#e4e4f4}img{max-width:100%}.error{color:#a00}"
-         ".note{color:#555;font-size:85%}#verdict{background:#f6f8fa;padding:.5em 1em;border-radius:6px}")
-
-
-def render_html(summary: pd.DataFrame, figures: Iterable[Path] = (), extra: str = "") -> str:
-    """One self-contained page: a verdict in words, sortable tables, then each figure embedded as a base64
-    PNG (mail it, open it offline)."""
-    parts = ["<section id=verdict><h2>Verdict</h2><ul>"
-             + "".join(f"<li>{line}</li>" for line in verdict_lines(summary)) + "</ul></section>"]
-    for job, table, said, errors in display_tables(summary):
-        parts.append(f"<h2>{html.escape(job)}</h2>\n" + table.to_html(index=False, border=0, escape=True,
-                                                                       classes="sortable"))
-        parts.append(f"<p class=note>{html.escape(said)}</p>")
-        parts.extend(f"<p class=error>{html.escape(e)}</p>" for e in errors)
-    if extra:
-        parts.append(f"<pre>{html.escape(extra)}</pre>")
-    for figure in figures:
-        data = base64.b64encode(figure.read_bytes()).decode("ascii")
-        parts.append(f'<figure><img src="data:image/png;base64,{data}" alt="{figure.stem}">'
-                     f"<figcaption>{figure.name}</figcaption></figure>")
-    return (f"<!doctype html>\n<html><head><meta charset=utf-8><title>optbench report</title>"
-            f"<style>{STYLE}</style></head><body>\n<h1>optbench report</h1>\n" + "\n".join(parts)
-            + f"\n<script>{SORT_JS}</script>\n</body></html>\n")
+# --- the files ----------------------------------------------------------------------------------------
 
 
 def _spans_model_sizes(trials: pd.DataFrame) -> bool:
@@ -387,8 +357,9 @@ def write_report(records: list[Record], out_dir: Path, fmt: str = "md", figures:
         if scaling:
             paths.append(scaling_fit.plot_scaling(trials, out_dir / scaling_fit.FIGURE_NAME))
     text = {"md": lambda: markdown, "csv": lambda: summary.to_csv(index=False), "json": lambda: render_json(summary),
-            "html": lambda: render_html(summary, [p for p in paths if p.suffix == ".png"],
-                                        render_profile_markdown(summary))}[fmt]()
+            "html": lambda: html_page.render_html(verdict_lines(summary), display_tables(summary),
+                                                  [p for p in paths if p.suffix == ".png"],
+                                                  render_profile_markdown(summary))}[fmt]()
     if fmt == "html":
         paths.append(out_dir / "report.html")
         paths[-1].write_text(text, encoding="utf-8")

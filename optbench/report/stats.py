@@ -6,9 +6,10 @@
   read against a margin m (points for a metric in [0, 1] such as accuracy, % of the reference for the
   rest such as perplexity or loss): equivalent / better / worse / non-inferior / inconclusive. "No
   significant difference" is not a verdict: an interval of ±11 points rules out nothing a user cares about.
-- Times: the percentile-bootstrap ratio of medians (compare's test for step times).
+- Times: compare's run-to-run interval lives in noise.py (processes, not steps, are the repeats).
 - Time to target the AlgoPerf way: a seed that never reaches the target counts as infinite time, the
-  median over seeds is the figure, and "reached k/n" goes beside it.
+  median over seeds is the figure, and "reached k/n" goes beside it; each crossing is interpolated between the
+  evaluations around it, and the time between those evaluations is reported as its resolution.
 - The Pareto front, the performance profile and its score, and the study's lr choice (`choose_lr`).
 """
 
@@ -28,8 +29,6 @@ DEFAULT_MARGIN = {POINTS: 1.0, RELATIVE: 2.0}  # 1 point of accuracy; 2 % of a p
 UNIT = {POINTS: "pts", RELATIVE: "%"}
 MAX_SEEDS = 1000  # "about how many seeds would settle it" stops counting here
 PROFILE_TAUS = np.linspace(1.0, 4.0, 61)  # AlgoPerf's profile runs tau from 1 (the best) to 4x the best
-BOOTSTRAP_RESAMPLES = 2000  # the CI bounds move by < 0.5 % between rng seeds at this count
-BOOTSTRAP_SEED = 0  # fixed, so a comparison is reproducible
 LEGACY_TIE = 0.005  # the old fixed near-tie band (half a point): records without val_rows and one seed
 RELATIVE_TIE = 0.005  # one seed of a metric not in [0, 1]: 0.5 % of the best value
 
@@ -170,31 +169,34 @@ def paired_verdict(candidate: Mapping[int, float], reference: Mapping[int, float
     return verdict(differences, DEFAULT_MARGIN[scale] if margin is None else margin, scale)
 
 
-def bootstrap_ratio_of_medians(base: Iterable[float], new: Iterable[float], resamples: int = BOOTSTRAP_RESAMPLES,
-                               seed: int = BOOTSTRAP_SEED) -> tuple[float, float, float]:
-    """median(new) / median(base) and its percentile-bootstrap CI, each run resampled on its own.
-
-    Medians, because a shared machine throws in the odd slow step; a ratio, because "30 % slower" is what a
-    threshold speaks of. Resampling each run independently assumes steps are exchangeable within a run,
-    which warm-up exclusion is there to make true.
-    """
-    b, n = np.asarray(list(base), dtype=float), np.asarray(list(new), dtype=float)
-    rng = np.random.default_rng(seed)
-    base_medians = np.median(b[rng.integers(0, b.size, (resamples, b.size))], axis=1)
-    new_medians = np.median(n[rng.integers(0, n.size, (resamples, n.size))], axis=1)
-    tail = 100 * (1 - CONFIDENCE) / 2
-    low, high = np.percentile(new_medians / base_medians, [tail, 100 - tail])
-    return float(np.median(n) / np.median(b)), float(low), float(high)
-
-
 # --- time to target, Pareto front, performance profile ---------------------------------------------------
 
-def reached(curve: object, target: float, mode: str) -> tuple[float, float] | None:
-    """(step, training seconds) of the first eval-curve point at or beyond `target`; None if never."""
+@dataclass(frozen=True)
+class Crossing:
+    """Where an eval curve first reaches a target: step and training seconds, interpolated linearly between the
+    last point short of it and the first at or past it, and the width of that bracket in seconds — the time
+    between two evaluations, which is how finely the curve resolves the crossing (the first point's bracket starts
+    at 0 s: nothing was evaluated before it)."""
+
+    step: float
+    seconds: float
+    bracket_s: float
+
+
+def reached(curve: object, target: float, mode: str) -> Crossing | None:
+    """The first crossing of `target` on an eval curve of [step, training seconds, value] points; None if never."""
+    before = None
     for point in curve if isinstance(curve, list) else []:
-        step, seconds, value = point[:3]
-        if is_finite(value) and (value >= target if mode == "max" else value <= target):
-            return float(step), float(seconds)
+        step, seconds, value = (float(v) if v is not None else math.nan for v in point[:3])
+        if not is_finite(value):
+            continue
+        if value >= target if mode == "max" else value <= target:
+            if before is None:
+                return Crossing(step, seconds, seconds)
+            share = (target - before[2]) / (value - before[2]) if value != before[2] else 1.0
+            return Crossing(before[0] + share * (step - before[0]), before[1] + share * (seconds - before[1]),
+                            seconds - before[1])
+        before = (step, seconds, value)
     return None
 
 
@@ -205,6 +207,7 @@ class TimeToTarget:
     median: float  # inf when at least half the seeds missed
     reached: int
     n: int
+    resolution: float | None = None  # the seconds between the evaluations that bracket the crossings (median)
 
     @property
     def everywhere(self) -> bool:
@@ -213,7 +216,9 @@ class TimeToTarget:
 
     def text(self, decimals: int = 1) -> str:
         value = "missed" if math.isinf(self.median) else f"{self.median:,.{decimals}f}"
-        return f"{value} (reached {self.reached}/{self.n})"
+        finer = "" if self.resolution is None or math.isinf(self.median) else \
+            f"; curve every {self.resolution:,.{decimals}f}"
+        return f"{value} (reached {self.reached}/{self.n}{finer})"
 
 
 def time_to_target(values: Iterable[float | None]) -> TimeToTarget | None:

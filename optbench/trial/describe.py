@@ -13,13 +13,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from optbench.probes import measure
+from optbench.probes import bandwidth, measure
 from optbench.records.record import Record, split_peak_memory
 
 if TYPE_CHECKING:
     import torch
 
     from optbench.optimizers import OptimizerSpec
+    from optbench.probes.bandwidth import BandwidthCalibration
     from optbench.trial.engines.base import EngineResult
 
 
@@ -96,11 +97,13 @@ def describe_final_loss(record: Record) -> None:
     record.train_loss_final = sum(tail) / len(tail) if tail else None
 
 
-def describe_bandwidth(record: Record, samples: list[float]) -> None:
-    """The roofline's ceiling (median and inter-quartile range of the triad samples taken around training) and the
-    roofline share: the optimizer step's analytic traffic over its median time, against that ceiling."""
-    record.device_bandwidth_bytes_per_s, record.device_bandwidth_iqr_bytes_per_s = measure.median_iqr(samples)
-    if record.optimizer_step_median_s and record.device_bandwidth_bytes_per_s and \
-            record.optimizer_step_traffic_bytes:
-        achieved = record.optimizer_step_traffic_bytes / record.optimizer_step_median_s
-        record.roofline_fraction = achieved / record.device_bandwidth_bytes_per_s
+def describe_bandwidth(record: Record, samples: list[float], calibration: BandwidthCalibration | None,
+                       source: str) -> None:
+    """The bandwidth figures (the trial's own triad samples taken around training, the machine's calibrated ceiling
+    and where it came from: optbench/probes/bandwidth.py) and the roofline share: the optimizer step's analytic
+    traffic over its median time, against the calibrated ceiling only (none without a calibration: a ceiling
+    sampled during one trial on a shared machine is noise)."""
+    bandwidth.describe_bandwidth(record, samples, calibration, source)
+    ceiling = record.device_bandwidth_calibrated_bytes_per_s
+    if record.optimizer_step_median_s and ceiling and record.optimizer_step_traffic_bytes:
+        record.roofline_fraction = record.optimizer_step_traffic_bytes / record.optimizer_step_median_s / ceiling

@@ -29,8 +29,8 @@ import torch
 from optbench.job.devices import GPU_PINNED_ENV, resolve_device
 from optbench.job.spec import TrialSpec
 from optbench.optimizers import resolve
-from optbench.probes import measure
-from optbench.records.environment import cpu_name, environment
+from optbench.probes import bandwidth, measure, triad
+from optbench.records.environment import cpu_name, environment, machine_key
 from optbench.records.oom import raised_out_of_memory
 from optbench.records.record import Record
 from optbench.trial.describe import describe_bandwidth, describe_final_loss, describe_model, describe_training
@@ -39,7 +39,7 @@ from optbench.trial.precision import dtype_name, parse_precision
 from optbench.trial.settings import settings_record
 
 DIVERGENCE_FACTOR = 3.0  # final loss this many times the first loss (or the chance loss) → diverged
-BANDWIDTH_SAMPLES = 5  # triad passes before and again after training: the roofline's ceiling and its spread
+BANDWIDTH_SAMPLES = 5  # triad passes before and again after training: a check on the calibrated ceiling
 
 
 def device_name(device: torch.device) -> str:
@@ -89,14 +89,14 @@ def evaluate_final(s: Setup, record: Record) -> None:
 
 
 def time_to_target(record: Record, target: float) -> None:
-    """Steps and training seconds to the first curve point at or past `target` (None when never reached), by the
-    report's one rule (optbench/report/stats.py `reached`)."""
+    """Steps and training seconds to where the eval curve reaches `target`, interpolated between the evaluations
+    around it as the report reads it (report/stats.reached; None when never reached)."""
     from optbench.report.stats import reached
 
     record.target_value = target
     hit = reached(record.eval_curve, target, record.target_mode)
     if hit is not None:
-        record.steps_to_target, record.time_to_target_s = int(hit[0]), hit[1]
+        record.steps_to_target, record.time_to_target_s = round(hit.step), hit.seconds
 
 
 def check_divergence(record: Record, chance_loss: float) -> None:
@@ -150,10 +150,12 @@ def _train_and_measure(spec: TrialSpec, record: Record) -> None:
     s = setup(spec, record)
     describe_model(record, s.model, s.entry)
     record.predicted_peak_bytes = for_trial(spec, s.model, s.entry, str(s.device))  # before a step: a prediction
-    bandwidth = measure.triad_bandwidth_samples(s.device, BANDWIDTH_SAMPLES)
+    probe = triad.triad_bandwidth_samples(s.device, BANDWIDTH_SAMPLES)
     result = engine_for(spec)(s, record)
     describe_training(record, result, s.optimizer, s.entry, s.model, spec.state_map_dir)
-    describe_bandwidth(record, bandwidth + measure.triad_bandwidth_samples(s.device, BANDWIDTH_SAMPLES))
+    calibration, source = bandwidth.load_for(machine_key(s.device))  # the roofline's ceiling, measured once
+    describe_bandwidth(record, probe + triad.triad_bandwidth_samples(s.device, BANDWIDTH_SAMPLES), calibration,
+                       source)
     if spec.target is not None:
         time_to_target(record, spec.target)
     if result.resume is not None:  # the engine's own check (--resume-check): resume fresh objects, compare

@@ -8,6 +8,8 @@
 2. Final: each optimizer at the lr chosen from the tune records, over the other seeds (`stage="final"`). The tune
    trial at the chosen lr is that seed's final: every study trial is scored on validation (which alone picks the
    lr) and on the eval split (which alone is reported), so the eval split never chooses what it reports on.
+   The finals carry the time-to-target threshold, fixed between the stages from the reference optimizer's tune
+   scores (`target_from_tuning`), unless `--target` gave one: never set after the fact from the finals' own results.
 
 The lr choice (`stats.choice_from_records`: the best mean validation metric, near-ties within the measured noise
 of the validation split and the tune seeds going to the middle of the grid) is always recomputed from the records
@@ -26,8 +28,9 @@ from typing import Any
 
 from optbench import optimizers
 from optbench.job.spec import StudyBudget, TrialSpec
-from optbench.records.record import Record, read_records
+from optbench.records.record import REFERENCE_OPTIMIZER, Record, read_records
 from optbench.report import stats
+from optbench.report.frame import TARGET_SHARE
 from optbench.sweep import Executor, run_sweep
 from optbench.sweep.progress import Progress
 
@@ -45,6 +48,25 @@ def tune_specs(names: Sequence[str], grids: dict[str, list[float]], settings: di
     return [TrialSpec(optimizer=name, lr=grids[name][i], seed=seed, stage="tune",
                       optimizer_kwargs=(kwargs or {}).get(name, {}), **settings)
             for seed in seeds for i in range(points) for name in names if i < len(grids[name])]
+
+
+def _reference(choices: Sequence[stats.LrChoice]) -> stats.LrChoice:
+    """The reference optimizer's choice (AdamW), else the first."""
+    return next((c for c in choices if c.optimizer == REFERENCE_OPTIMIZER), choices[0])
+
+
+def target_from_tuning(choices: Sequence[stats.LrChoice]) -> float | None:
+    """The time-to-target threshold, fixed from the tune stage before any final runs: TARGET_SHARE of the reference
+    optimizer's best validation score (a "min" metric: best / TARGET_SHARE). Validation rows are not the eval rows
+    the curve is scored on, so the target is not read off the curves it then times."""
+    if not choices:
+        return None
+    reference = _reference(choices)
+    values = [p.value for p in reference.points if p.value is not None]
+    if not values:
+        return None
+    best = stats.best_value(values, reference.mode)
+    return best * TARGET_SHARE if reference.mode == "max" else best / TARGET_SHARE
 
 
 def final_specs(choices: Sequence[stats.LrChoice], seeds: Sequence[int], settings: dict[str, Any],
@@ -161,6 +183,11 @@ def run_study(names: Sequence[str], settings: dict[str, Any], budget: StudyBudge
     for choice in choices:
         lr = "none" if choice.lr is None else f"{choice.lr:g}"
         print(f"optbench: {choice.optimizer}: lr {lr} ({choice.note})", file=sys.stderr)
+    if settings.get("target") is None and (target := target_from_tuning(choices)) is not None:
+        settings = {**settings, "target": target}
+        print(f"optbench: time-to-target threshold {choices[0].metric} {target:.4g}, fixed before the finals: "
+              f"{TARGET_SHARE:g} x the tune stage's best validation score of {_reference(choices).optimizer}",
+              file=sys.stderr)
     finals = final_specs(choices, final_seeds, settings, kwargs)
     progress.total = progress.done + len(finals)
     run_sweep(finals, out, **sweep)

@@ -1,0 +1,43 @@
+"""`optbench calibrate-bandwidth`: measure this machine's memory bandwidth once, well, into a per-machine file
+outside the package (optbench/probes/bandwidth.py), which every later trial's roofline divides by."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from optbench.cli.options import UsageError
+from optbench.records import exits
+
+
+def calibrate_bandwidth_command(args: argparse.Namespace) -> int:
+    import torch
+
+    from optbench.probes import bandwidth
+    from optbench.records.environment import environment, machine_key
+    from optbench.trial.run import device_name, resolve_device
+
+    try:
+        device = resolve_device(args.device)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    machine = machine_key(device)
+    path = Path(args.out) if args.out else bandwidth.default_path(machine)
+    print(f"optbench calibrate-bandwidth: {args.rounds} rounds x {args.passes} triad passes on {device} "
+          f"({torch.get_num_threads()} threads)...", file=sys.stderr, flush=True)
+    try:
+        found = bandwidth.calibrate(device, machine, device_name(device), environment(device), args.rounds,
+                                    args.passes)
+        bandwidth.save(found, path)
+    except bandwidth.BandwidthError as exc:
+        raise UsageError(str(exc)) from None
+    except OSError as exc:
+        raise UsageError(f"cannot write {path}: {exc.strerror or exc}") from None
+    print(found.describe())
+    print(f"wrote {path}" + ("" if args.out is None else f" (trials read it with {bandwidth.FILE_ENV}={path})"))
+    return exits.OK

@@ -1,0 +1,110 @@
+"""The machine's bandwidth, measured once: the calibration, its per-machine file outside the package, the command,
+and the report's refusal of an uncalibrated or impossible roofline (committed records included)."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from optbench.__main__ import main
+from optbench.probes import bandwidth, measure, triad
+from optbench.records.environment import machine_key
+from optbench.records.record import Record, read_records
+from optbench.report import metrics
+from optbench.trial import describe
+
+ROOT = Path(__file__).resolve().parents[1]
+CPU = torch.device("cpu")
+
+
+@pytest.fixture
+def small_buffers(monkeypatch):
+    monkeypatch.setattr(triad, "last_level_cache_bytes", lambda: 2 * 2**20)  # 4 MiB operands: quick
+
+
+def test_a_calibration_is_many_passes_with_its_ceiling_a_high_quantile(small_buffers):
+    found = bandwidth.calibrate(CPU, "test-machine", "test cpu", {"git_commit": "abc"}, rounds=3, passes=4)
+    q = found.quantiles_bytes_per_s
+    assert found.passes == 12 and found.machine == "test-machine" and found.threads == torch.get_num_threads()
+    assert q["0.05"] <= q["0.25"] <= q["0.5"] <= q["0.75"] <= q["0.95"]
+    assert q["0.5"] <= found.ceiling_bytes_per_s <= q["0.95"] * (1 + 1e-9)  # the 95 % quantile
+    assert found.spread_bytes_per_s == q["0.95"] - q["0.05"] and found.env == {"git_commit": "abc"}
+
+
+def _calibration(machine: str, low: float = 4e10, high: float = 6e10) -> bandwidth.BandwidthCalibration:
+    return bandwidth.BandwidthCalibration(machine=machine, device_name="cpu", threads=2, ceiling_bytes_per_s=high,
+                                          quantiles_bytes_per_s={"0.05": low, "0.25": 4.5e10, "0.5": 5e10,
+                                                                 "0.75": 5.5e10, "0.95": high},
+                                          passes=200, buffer_bytes=2**27)
+
+
+def test_the_file_is_per_machine_in_the_users_cache_and_round_trips(tmp_path, monkeypatch):
+    monkeypatch.setenv(bandwidth.CACHE_ENV, str(tmp_path))
+    machine = machine_key(CPU)
+    assert bandwidth.default_path(machine) == tmp_path / "bandwidth" / f"{machine}.json"
+    assert str(torch.get_num_threads()) + "-threads" in machine  # a CPU's bandwidth depends on its threads
+    path = bandwidth.save(_calibration(machine), bandwidth.default_path(machine))
+    found, source = bandwidth.load_for(machine)
+    assert found == _calibration(machine) and source == str(path)
+
+
+def test_without_a_file_or_with_another_machines_the_roofline_is_uncalibrated(tmp_path, monkeypatch):
+    monkeypatch.setenv(bandwidth.CACHE_ENV, str(tmp_path))
+    found, source = bandwidth.load_for("this-machine")
+    assert found is None and source.startswith("uncalibrated: no ") and "calibrate-bandwidth" in source
+    other = bandwidth.save(_calibration("other-machine"), tmp_path / "given.json")
+    monkeypatch.setenv(bandwidth.FILE_ENV, str(other))
+    found, source = bandwidth.load_for("this-machine")
+    assert found is None and source == f"uncalibrated: {other} is for other-machine, this is this-machine"
+    other.write_text("{not json")
+    assert bandwidth.load_for("this-machine")[1].startswith(f"uncalibrated: {other}: not a bandwidth calibration")
+
+
+@pytest.mark.parametrize("probe,disagrees", [(5e10, False), (4e10, False), (3.9e10, True), (6.1e10, True)])
+def test_a_trial_probe_outside_the_calibrations_range_is_flagged(probe, disagrees):
+    record = Record(optimizer_step_traffic_bytes=10**9, optimizer_step_median_s=0.05)
+    measure.describe_speed(record, [0.1] * 3, [0.05] * 3)
+    describe.describe_bandwidth(record, [probe] * 3, _calibration("m"), "file.json")
+    assert record.device_bandwidth_probe_disagrees is disagrees and record.device_bandwidth_bytes_per_s == probe
+    assert record.roofline_fraction == pytest.approx(10**9 / 0.05 / 6e10)  # the ceiling, never the probe
+    assert metrics.record_values(record)["ceiling"] == ("calibrated; probe disagrees" if disagrees else "calibrated")
+
+
+def test_an_uncalibrated_record_has_no_roofline_and_says_why():
+    record = Record(optimizer_step_traffic_bytes=10**9)
+    measure.describe_speed(record, [0.1], [0.01])
+    describe.describe_bandwidth(record, [5e10], None, "uncalibrated: no file")
+    values = metrics.record_values(record)
+    assert record.roofline_fraction is None and values["roofline_pct"] is None and values["ceiling"] == "uncalibrated"
+    old = Record(optimizer_step_traffic_bytes=10**9, roofline_fraction=1.09, device_bandwidth_bytes_per_s=4e10)
+    assert metrics.record_values(old)["roofline_pct"] is None  # divided by its own per-trial probe: not shown
+
+
+def test_the_command_writes_into_the_cache_and_never_into_the_package(tmp_path, monkeypatch, capsys, small_buffers):
+    monkeypatch.setenv(bandwidth.CACHE_ENV, str(tmp_path))
+    package = sorted(p for p in (ROOT / "optbench").rglob("*") if "__pycache__" not in p.parts)
+    assert main(["calibrate-bandwidth", "--device", "cpu", "--rounds", "2", "--passes", "3"]) == 0
+    written = bandwidth.default_path(machine_key(CPU))
+    data = json.loads(written.read_text())
+    assert written.parent == tmp_path / "bandwidth" and data["passes"] == 6 and "git_dirty" in data["env"]
+    assert f"wrote {written}" in capsys.readouterr().out
+    assert sorted(p for p in (ROOT / "optbench").rglob("*") if "__pycache__" not in p.parts) == package
+
+
+def test_the_command_refuses_a_device_that_is_not_there(capfd):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    assert main(["calibrate-bandwidth", "--device", "cuda"]) == 2
+    assert "sees no CUDA device" in capfd.readouterr().err
+
+
+def test_no_committed_record_shows_a_roofline_above_one():
+    """Every record under results/: the roofline the report would show is at most 100 %, and a record carrying a
+    calibration never stores one above 1 (records from before calibrations are shown as uncalibrated)."""
+    records = [r for path in sorted((ROOT / "results").rglob("*.jsonl")) for r in read_records(path)]
+    assert records
+    shown = [metrics.record_values(r)["roofline_pct"] for r in records]
+    assert all(value is None or value <= 100 for value in shown)
+    calibrated = [r for r in records if r.device_bandwidth_calibrated_bytes_per_s]
+    assert all(r.roofline_fraction is None or r.roofline_fraction <= 1.0 for r in calibrated)
