@@ -1,14 +1,7 @@
 """Which GPUs, threads and preloads each trial process gets (optbench/sweep/devices.py): the device logic of the
 CUDA path, as plain functions, so that it is tested here although this machine has no GPU."""
 
-from optbench.sweep.devices import (
-    gpu_slots,
-    node_environment,
-    preload_modules,
-    slurm_parameters,
-    trial_environment,
-    visible_gpus,
-)
+from optbench.sweep.devices import gpu_slots, preload_modules, trial_environment, visible_gpus
 
 
 def test_visible_gpus_index_into_the_users_mask_indices_or_uuids():
@@ -48,10 +41,3 @@ def test_bitsandbytes_is_preloaded_only_where_no_gpu_is_visible():
     assert preload_modules(base, True, 1) == base  # its import initialises CUDA: forked children could not use it
     assert preload_modules(base, False, 0) == base
 
-
-def test_slurm_asks_for_gpus_for_cuda_and_auto_and_leaves_the_submit_hosts_mask_behind():
-    assert slurm_parameters("auto", 1, 90, "x")["gpus_per_node"] == 1
-    assert slurm_parameters("cuda", 4, 90, "x")["gpus_per_node"] == 4
-    assert "gpus_per_node" not in slurm_parameters("cpu", 1, 90, "x")
-    assert slurm_parameters("cpu", 1, 90, "x")["timeout_min"] == 4  # past the trial's own timeout
-    assert node_environment({"CUDA_VISIBLE_DEVICES": "3", "OPTBENCH_GPU_PINNED": "1", "X": "1"}) == {"X": "1"}

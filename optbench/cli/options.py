@@ -122,6 +122,7 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags that define the job and where it runs (planner.JOB_FLAGS): the same for run, study and nightly."""
     _add_job_definition(parser.add_argument_group("the job (defaults: the preset's)"))
     _add_placement(parser.add_argument_group("where it runs"))
+    _add_slurm(parser.add_argument_group("on a Slurm cluster (--executor slurm; docs/cluster.md)"))
 
 
 def _add_job_definition(job) -> None:
@@ -173,9 +174,53 @@ def _add_placement(where) -> None:
     where.add_argument("--jobs", type=positive_int, default=1,
                        help="trials at once: one GPU each on CUDA; on CPU the cores are shared (timings interfere)")
     where.add_argument("--executor", choices=["local", "slurm"], default="local",
-                       help="local processes, or one slurm job per trial through submitit (pip install submitit)")
+                       help="local processes, or each round of trials as one Slurm job array (pip install submitit)")
     where.add_argument("--allow-errors", action="store_true",
                        help="exit 0 even when a trial ended `error` or `timeout` (default: exit 3)")
+
+
+def _add_slurm(slurm) -> None:
+    slurm.add_argument("--slurm-partition", metavar="NAME", help="the partition (default: the cluster's default)")
+    slurm.add_argument("--slurm-time", type=positive_int, metavar="MINUTES",
+                       help="each task's time limit (default: predicted from the same job's records, else the trial "
+                            "timeout, plus 2 min)")
+    slurm.add_argument("--gpus-per-trial", type=gpu_request, metavar="[TYPE:]N",
+                       help="GPUs each trial asks for, e.g. 1 or a100:1 (default: --device cuda one per rank; auto "
+                            "the same where the partition has GPUs, else none)")
+    slurm.add_argument("--slurm-account", metavar="NAME", help="the account to charge")
+    slurm.add_argument("--slurm-max-running", type=positive_int, metavar="N",
+                       help="trials of an array running at once (the array's %%N; default: all)")
+    slurm.add_argument("--slurm-pending-timeout", type=positive_float, metavar="SECONDS",
+                       help="a task pending on a reason that waiting does not clear (partition down, held, ...) this "
+                            "long is cancelled and recorded `timeout` (default 1800)")
+    slurm.add_argument("--slurm-option", action="append", type=sbatch_option, metavar="KEY[=VALUE]",
+                       help="any other sbatch option, e.g. qos=high, constraint=a100, mem=32G (repeatable)")
+
+
+# sbatch options optbench sets itself, and the flag that sets each.
+MANAGED_SBATCH = {"array": None, "output": None, "error": None, "open-mode": None, "signal": None, "wrap": None,
+                  "time": "--slurm-time", "partition": "--slurm-partition", "account": "--slurm-account",
+                  "gpus": "--gpus-per-trial", "gpus-per-node": "--gpus-per-trial", "gres": "--gpus-per-trial",
+                  "gpus-per-task": "--gpus-per-trial"}
+
+
+def sbatch_option(text: str) -> str:
+    """`KEY=VALUE` or a bare `KEY` (a switch such as `exclusive`): checked, kept as typed (nightly passes it on)."""
+    key = text.partition("=")[0].strip().lstrip("-")
+    if not key or not all(c.isalnum() or c in "-_" for c in key):
+        raise argparse.ArgumentTypeError(f"expected an sbatch option as KEY=VALUE (e.g. qos=high), got '{text}'")
+    if key.replace("_", "-") in MANAGED_SBATCH:
+        flag = MANAGED_SBATCH[key.replace("_", "-")]
+        raise argparse.ArgumentTypeError(f"'{key}' is set by optbench" + (f": use {flag}" if flag else ""))
+    return text
+
+
+def gpu_request(text: str) -> str:
+    """`N` or `TYPE:N` GPUs per trial (N >= 0), kept as typed."""
+    kind, _, count = text.rpartition(":")
+    if not count.isdigit() or (kind and not all(c.isalnum() or c in "-_." for c in kind)):
+        raise argparse.ArgumentTypeError(f"expected a GPU count, or TYPE:COUNT (e.g. a100:1), got '{text}'")
+    return text
 
 
 def add_optimizer_arguments(parser: argparse.ArgumentParser, preset_default: str, preset_help: str) -> None:

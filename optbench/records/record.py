@@ -13,6 +13,7 @@ every reader groups by.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import fcntl
@@ -187,6 +188,8 @@ class Record:
     # bookkeeping
     startup_s: float | None = None  # trial launch to the child's first line of real work (imports, fork)
     wall_s: float | None = None
+    slurm_job_id: str | None = None  # `--executor slurm`: the array task that ran it ("123_4"); None elsewhere
+    slurm_restarts: int | None = None  # times the scheduler requeued that task before this run (preemption, ...)
     started_at: str = ""
     env: dict[str, Any] = field(default_factory=dict)
 
@@ -279,14 +282,17 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def append_record(path: Path, record: Record) -> None:
-    """Append one record as one line, under an exclusive lock, fsynced before returning.
+def append_record(path: Path, record: Record, *, once: bool = False) -> Record:
+    """Append one record as one line, under an exclusive lock, fsynced before returning; returns what is stored.
 
-    The lock (flock on the file itself) lets several sweeps, `--jobs` workers or executor callbacks
-    share one results file without interleaving their lines. A file left without a final newline (a
+    The lock (flock on the file itself) lets several sweeps, `--jobs` workers, executor callbacks or cluster
+    nodes share one results file without interleaving their lines. A file left without a final newline (a
     writer killed mid-line) gets one first, so the torn fragment stays on a line of its own. A write
     that fails half-way (disk full) is cut back to where it started, so the fragment cannot corrupt
     the next append; the error still propagates, since the record was not stored.
+    `once`: not when the file already holds this run's record of this trial (same run_id and trial_id), which is
+    returned instead. Writers that may race for one trial (a cluster node storing its own record, the sweep
+    recording the trial the scheduler ended, a requeued task running twice) then store it exactly once.
     """
     data = (json.dumps(record.to_dict(), allow_nan=False, default=str) + "\n").encode()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -295,6 +301,9 @@ def append_record(path: Path, record: Record) -> None:
         fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             start = os.lseek(fd, 0, os.SEEK_END)
+            stored = _stored(fd, start, record) if once else None
+            if stored is not None:
+                return stored
             if start and os.pread(fd, 1, start - 1) != b"\n":
                 data = b"\n" + data
             try:
@@ -305,6 +314,19 @@ def append_record(path: Path, record: Record) -> None:
                 raise
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
+    return record
+
+
+def _stored(fd: int, size: int, record: Record) -> Record | None:
+    """The record of `record`'s run and trial among the file's first `size` bytes, if one is there."""
+    keys = (f'"trial_id": "{record.trial_id}"', f'"run_id": "{record.run_id}"')
+    for line in os.pread(fd, size, 0).decode(errors="replace").splitlines():
+        if all(key in line for key in keys):
+            with contextlib.suppress(json.JSONDecodeError):
+                data = json.loads(line)
+                if (data.get("trial_id"), data.get("run_id")) == (record.trial_id, record.run_id):
+                    return Record.from_dict(data)
+    return None
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any
 
 from optbench.records.environment import GPU_PINNED_ENV
 
@@ -70,19 +69,3 @@ def cuda_device_count() -> int:
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
-def slurm_parameters(device: str, nproc: int, timeout_s: float, name: str) -> dict[str, Any]:
-    """submitit parameters for one trial: its time limit past the trial's own, and its GPUs. `auto` asks for GPUs
-    too (it means "CUDA where there is one"); ask for a CPU job with --device cpu."""
-    import math
-
-    parameters: dict[str, Any] = {"timeout_min": math.ceil(timeout_s / 60) + 2, "name": name}
-    if device.startswith("cuda") or device == "auto":
-        parameters["gpus_per_node"] = max(1, nproc)
-    return parameters
-
-
-def node_environment(env: Mapping[str, str]) -> dict[str, str]:
-    """What travels to a slurm node: not the submit host's GPU mask (slurm sets the node's own)."""
-    return {k: v for k, v in env.items() if k not in ("CUDA_VISIBLE_DEVICES", GPU_PINNED_ENV)}

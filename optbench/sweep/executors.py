@@ -1,8 +1,9 @@
-"""Where and how a trial's process runs: locally (forkserver, fresh interpreter or torchrun) or via submitit.
+"""Where and how a trial's process runs on this machine: forkserver, fresh interpreter or torchrun.
 
 An executor turns (spec, child environment) into a Record, whatever happens to the process: a timeout,
 a crash or a kill by the out-of-memory killer becomes a record with that status. `stop()` kills every
-child still running (an interrupted sweep must not leave trials training on as orphans).
+child still running (an interrupted sweep must not leave trials training on as orphans). An array executor
+(slurm.py) takes a whole round of trials at once and hands their records back as the scheduler settles them.
 """
 
 from __future__ import annotations
@@ -18,14 +19,14 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from optbench.job.spec import TrialSpec
 from optbench.records.record import Record
 from optbench.sweep.child import PRELOAD, SWEEP_PID_ENV
-from optbench.sweep.devices import cuda_device_count, node_environment, preload_modules, slurm_parameters
+from optbench.sweep.devices import cuda_device_count, preload_modules
 
 STDERR_TAIL_BYTES = 32768  # torchrun's own summary alone is ~1 KB: the rank's error sits above it
 ECHO_POLL_S = 0.2
@@ -38,6 +39,21 @@ class Executor(Protocol):
     def run(self, spec: TrialSpec, env: dict[str, str]) -> Record: ...
 
     def stop(self) -> None: ...
+
+
+@runtime_checkable
+class ArrayExecutor(Protocol):
+    """Runs a round of trials as one submission (a Slurm job array) and yields each record once the trial settled.
+    Its trials may store their own records (`append_record(once=True)` under `run_id`): the sweep stores each once."""
+
+    def run_all(self, specs: list[TrialSpec], run_id: str, out_path: Path) -> Iterator[Record]: ...
+
+    def stop(self) -> None: ...
+
+
+def trial_log_name(spec: TrialSpec) -> str:
+    """A trial's log file name where logs are kept (a cluster sweep's, one per trial beside the results)."""
+    return f"{spec.optimizer}-seed{spec.seed}-{spec.trial_id}.log"
 
 
 class FunctionExecutor:
@@ -80,6 +96,11 @@ def _read_tail(log_path: Path) -> bytes:
     with open(log_path, "rb") as handle:
         handle.seek(max(0, log_path.stat().st_size - STDERR_TAIL_BYTES))
         return handle.read()
+
+
+def cause_in_log(log_path: Path) -> str:
+    """Why a process died, read from the end of its log (`_last_lines`); `no log` where it left none."""
+    return _last_lines(_read_tail(log_path)) if log_path.is_file() else "no log"
 
 
 def _echo(log_path: Path, done: threading.Event) -> None:
@@ -131,12 +152,14 @@ class LocalExecutor:
     `spec.max_memory_bytes` caps what each trial may add to its address space (RLIMIT_AS). Every child learns
     this process's pid (OPTBENCH_SWEEP_PID) and dies with it, whatever kills it (process/child.py).
     `uses_bitsandbytes`: preload bitsandbytes into the forkserver where that is safe (process/devices.py).
+    `log_dir`: keep each trial's log there (`trial_log_name`), appended to; by default it goes with the trial.
     """
 
-    def __init__(self, startup: str = "forkserver", uses_bitsandbytes: bool = False, echo: bool | None = None):
+    def __init__(self, startup: str = "forkserver", uses_bitsandbytes: bool = False, echo: bool | None = None,
+                 log_dir: Path | None = None):
         if startup not in STARTUPS:
             raise ValueError(f"startup must be one of {', '.join(STARTUPS)}, got '{startup}'")
-        self.startup = startup
+        self.startup, self.log_dir = startup, log_dir
         self.echo = sys.stderr.isatty() if echo is None else echo
         self.preload = preload_modules(PRELOAD, uses_bitsandbytes, cuda_device_count() if uses_bitsandbytes else 0)
         self._context: multiprocessing.context.BaseContext | None = None
@@ -150,6 +173,9 @@ class LocalExecutor:
             child_env["OPTBENCH_PROGRESS"] = "1"  # the trial's bar reaches our terminal; a log gets none
         with tempfile.TemporaryDirectory(prefix="optbench-") as tmp:
             spec_path, record_path, log_path = (Path(tmp) / name for name in ("spec.json", "record.json", "log"))
+            if self.log_dir is not None:
+                self.log_dir.mkdir(parents=True, exist_ok=True)
+                log_path = self.log_dir / trial_log_name(spec)
             spec_path.write_text(json.dumps(spec.to_dict()))
             log_path.touch()
             launched_at = time.time()
@@ -264,54 +290,3 @@ def _child_entry(*args) -> None:
     from optbench.sweep.child import run_child
 
     run_child(*args)
-
-
-class SubmititExecutor:
-    """Each trial as one submitit job: `slurm` on a cluster, `local` or `debug` on this machine (tests).
-
-    The job runs the trial through a LocalExecutor on its node (fresh interpreter per trial, timeout,
-    crash isolation) and returns the record; the sweep appends it to its one results file.
-    """
-
-    def __init__(self, folder: Path, cluster: str = "slurm"):
-        import submitit
-
-        self.executor = submitit.AutoExecutor(folder=folder, cluster=cluster)
-        self.cluster = cluster
-        self._lock = threading.Lock()
-        self._jobs: set = set()
-        self._stopped = False
-
-    def run(self, spec: TrialSpec, env: dict[str, str]) -> Record:
-        import submitit
-
-        # submitit's own limit sits past the trial's, so a slow trial is a `timeout` record, not a lost job
-        parameters = slurm_parameters(spec.device, spec.nproc, spec.timeout_s, f"optbench-{spec.optimizer}")
-        if self.cluster != "slurm":
-            parameters.pop("gpus_per_node", None)
-        with self._lock:
-            if self._stopped:
-                return failed_record(spec, "error", "sweep stopped before this trial started")
-            self.executor.update_parameters(**parameters)
-            job = self.executor.submit(run_on_node, spec.to_dict(), node_environment(env))
-            self._jobs.add(job)
-        try:
-            return Record.from_dict(job.result())
-        except (submitit.core.utils.FailedJobError, submitit.core.utils.UncompletedJobError) as exc:
-            return failed_record(spec, "error", f"submitit job {job.job_id} failed: {_last_lines(str(exc).encode())}")
-        finally:
-            with self._lock:
-                self._jobs.discard(job)
-
-    def stop(self) -> None:
-        with self._lock:
-            self._stopped = True
-            jobs = list(self._jobs)
-        for job in jobs:
-            job.cancel(check=False)
-
-
-def run_on_node(spec: dict, env: dict[str, str]) -> dict:
-    """The submitit job: one trial in a fresh local child, its record as plain data; slurm's GPU mask stands."""
-    executor = LocalExecutor(startup="spawn", echo=False)
-    return executor.run(TrialSpec.from_dict(spec), env).to_dict()

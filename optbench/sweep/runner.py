@@ -17,12 +17,12 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import TextIO
+from typing import NoReturn, TextIO
 
 from optbench.job.spec import TrialSpec
 from optbench.records.record import Record, append_record, completed_trial_ids
 from optbench.sweep.devices import cuda_device_count, gpu_slots, trial_environment, visible_gpus, wants_cuda
-from optbench.sweep.executors import Executor, FunctionExecutor, LocalExecutor
+from optbench.sweep.executors import ArrayExecutor, Executor, FunctionExecutor, LocalExecutor
 
 
 class SweepInterrupted(KeyboardInterrupt):
@@ -85,16 +85,20 @@ def _duration(seconds: float) -> str:
 def run_sweep(specs: list[TrialSpec], out_path: Path, run_id: str | None = None,
               run_trial: Callable[[TrialSpec], Record] | None = None,
               on_record: Callable[[Record], None] | None = None, *, jobs: int = 1,
-              executor: Executor | None = None, progress: TextIO | None = sys.stderr) -> list[Record]:
+              executor: Executor | ArrayExecutor | None = None, progress: TextIO | None = sys.stderr) -> list[Record]:
     """Run every spec not already `ok` in `out_path`, appending each record as soon as it exists.
 
     `run_trial` (a plain function) or `executor` says how a trial runs; by default each runs in a
-    fresh local process forked from a preloaded forkserver. Up to `jobs` run at once. Ctrl-C stops
-    the running children and raises SweepInterrupted; a failed append raises ResultsWriteError.
+    fresh local process forked from a preloaded forkserver. Up to `jobs` run at once; an ArrayExecutor
+    (a cluster's) takes them all at once. Ctrl-C stops the running children (cancels the cluster's jobs)
+    and raises SweepInterrupted; a failed append raises ResultsWriteError.
     """
     pending = _pending(specs, out_path, on_record)
     if not pending:
         return []
+    store = _Store(out_path, run_id or new_run_id(), _Progress(len(pending), progress), on_record)
+    if isinstance(executor, ArrayExecutor):
+        return _run_arrays(executor, pending, store)
     if executor is None:
         executor = FunctionExecutor(run_trial) if run_trial is not None else LocalExecutor()
     gpus = cuda_device_count() if any(s.device != "cpu" for s in pending) else 0
@@ -110,7 +114,6 @@ def run_sweep(specs: list[TrialSpec], out_path: Path, run_id: str | None = None,
         finally:
             free.put(slot)
 
-    store = _Store(out_path, run_id or new_run_id(), _Progress(len(pending), progress), on_record)
     pool = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="trial")
     try:
         running: set[Future[Record]] = {pool.submit(in_slot, spec) for spec in pending}
@@ -122,11 +125,29 @@ def run_sweep(specs: list[TrialSpec], out_path: Path, run_id: str | None = None,
     except BaseException as exc:
         executor.stop()
         pool.shutdown(wait=True, cancel_futures=True)
-        if isinstance(exc, KeyboardInterrupt):
-            raise SweepInterrupted(len(store.records)) from None
-        raise
+        _raise_stopped(exc, store)
     pool.shutdown()
     return store.records
+
+
+def _run_arrays(executor: ArrayExecutor, pending: list[TrialSpec], store: _Store) -> list[Record]:
+    """Every pending trial to the cluster at once; each record stored once as it settles (its node may have stored
+    it already: `append_record(once=True)`)."""
+    store.once = True
+    try:
+        for record in executor.run_all(pending, store.run_id, store.out_path):
+            store.add(record)
+    except BaseException as exc:
+        executor.stop()
+        _raise_stopped(exc, store)
+    return store.records
+
+
+def _raise_stopped(exc: BaseException, store: _Store) -> NoReturn:
+    """After the executor stopped: an interrupt becomes SweepInterrupted (what was recorded), the rest re-raised."""
+    if isinstance(exc, KeyboardInterrupt):
+        raise SweepInterrupted(len(store.records)) from None
+    raise exc
 
 
 def _pending(specs: list[TrialSpec], out_path: Path, on_record: Callable[[Record], None] | None) -> list[TrialSpec]:
@@ -145,11 +166,12 @@ class _Store:
                  on_record: Callable[[Record], None] | None) -> None:
         self.out_path, self.run_id, self.tracker, self.on_record = out_path, run_id, tracker, on_record
         self.records: list[Record] = []
+        self.once = False  # store a trial only if this run has not stored it yet (records.append_record)
 
     def add(self, record: Record) -> None:
         record.run_id = self.run_id
         try:
-            append_record(self.out_path, record)
+            record = append_record(self.out_path, record, once=self.once)
         except OSError as exc:
             raise ResultsWriteError(exc.errno, f"cannot append to {self.out_path}: {exc.strerror or exc}; "
                                                f"{len(self.records)} trials recorded") from exc
