@@ -36,7 +36,8 @@ NODE_SLACK_S = 120.0  # on top of a trial's time: the node's start (imports) and
 PREDICTION_MARGIN = 2.0  # a recorded trial's wall time x this: a slower node, a busier file system
 TICK_S = 1.0  # how often finished tasks' result files are looked for (a file-system stat per task)
 POLL_MIN_S, POLL_MAX_S = 2.0, 30.0  # squeue: every 2 s at first, then every tenth of the round's age, up to 30 s
-RESULT_GRACE_S = 30.0  # a COMPLETED task's result file may reach this host a little later (NFS attribute caches)
+RESULT_GRACE_S = 30.0  # how long an ended state must last before it settles a task with no result file:
+SETTLING = ("COMPLETED", "PREEMPTED")  # the file may reach this host late (NFS); a preempted task may be requeued
 LISTING_GRACE_S = 30.0  # a task squeue does not list (not yet, or no longer: MinJobAge) before it counts as lost
 STOP_WAIT_S = 60.0  # after scancel: how long to wait for the queue to let go of our jobs
 
@@ -189,6 +190,8 @@ class SlurmExecutor:
                                                               gpus)) for spec in specs]
         except (FailedJobError, FailedSubmissionError, OSError) as exc:
             return slurm_queue.complaint(str(exc))
+        for job in jobs:  # a cluster whose job ids started again (a test cluster's fresh state) must not find old ones
+            job.paths.result_pickle.unlink(missing_ok=True)
         array = jobs[0].job_id.split("_")[0]
         self._arrays.add(array)
         where = f"partition {self.options.partition}" if self.options.partition else "the default partition"
@@ -245,7 +248,7 @@ class SlurmExecutor:
             task.state, task.unlisted_since = state, None
             if state.ended:
                 task.ended_since = task.ended_since or now
-                if state.state != "COMPLETED" or now - task.ended_since >= RESULT_GRACE_S:
+                if state.state not in SETTLING or now - task.ended_since >= RESULT_GRACE_S:
                     settled.append(task)
             elif self._stuck_too_long(task, now):
                 settled.append(task)
