@@ -229,3 +229,19 @@ def test_the_slurm_options_from_the_flags():
     options = slurm_options(args)
     assert (options.gpus_per_trial, options.gpu_type, options.pending_timeout_s) == (2, "a100", 60.0)
     assert options.sbatch_options == {"qos": "high", "exclusive": True}
+
+
+def test_same_trials_tells_when_two_results_files_ran_the_same_trials(tmp_path, capsys):
+    """scripts/same_trials.py: .ci/run's check that the study through Slurm ran what the local study ran."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("same_trials", Path(__file__).parents[1] / "scripts/same_trials.py")
+    same_trials = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(same_trials)
+    for name, trials in (("a", ["t1", "t2"]), ("b", ["t2", "t1"]), ("c", ["t1", "t3"]), ("d", ["t1", "t2", "t2"])):
+        for trial in trials:
+            append_record(tmp_path / f"{name}.jsonl", Record(trial_id=trial, optimizer="adamw", status="ok"))
+    assert same_trials.main([str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")]) == 0
+    assert same_trials.main([str(tmp_path / "a.jsonl"), str(tmp_path / "c.jsonl")]) == 1
+    assert "missing 1 trial(s): t2" in capsys.readouterr().err
+    assert same_trials.main([str(tmp_path / "a.jsonl"), str(tmp_path / "d.jsonl")]) == 1  # t2 recorded twice

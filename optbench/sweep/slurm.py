@@ -40,6 +40,7 @@ RESULT_GRACE_S = 30.0  # how long an ended state must last before it settles a t
 SETTLING = ("COMPLETED", "PREEMPTED")  # the file may reach this host late (NFS); a preempted task may be requeued
 LISTING_GRACE_S = 30.0  # a task squeue does not list (not yet, or no longer: MinJobAge) before it counts as lost
 STOP_WAIT_S = 60.0  # after scancel: how long to wait for the queue to let go of our jobs
+WARN_EVERY_S = 60.0  # a scheduler command that keeps failing is reported at most this often
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,7 @@ class SlurmExecutor:
         self.folder, self.options, self.stream = folder.resolve(), options, stream
         submitit.SlurmExecutor(folder=self.folder)  # RuntimeError where there is no srun: no Slurm here
         self._arrays: set[str] = set()  # submitted arrays that may still be queued or running
+        self._warned_at = -math.inf
 
     def _say(self, line: str) -> None:
         if self.stream is not None:
@@ -232,9 +234,11 @@ class SlurmExecutor:
     def _settled(self, waiting: dict[str, _Task]) -> list[_Task]:
         """Read the scheduler's states; the tasks that ended without a result file, or were stuck too long."""
         try:
-            states = slurm_queue.task_states(waiting)
+            states = slurm_queue.task_states({job_id.split("_")[0] for job_id in waiting})  # whole arrays
         except SchedulerError as exc:
-            self._say(f"warning: {exc}; asking again")
+            if time.monotonic() - self._warned_at >= WARN_EVERY_S:  # a controller down for a while: not every poll
+                self._warned_at = time.monotonic()
+                self._say(f"warning: {exc}; asking again")
             return []
         now = time.monotonic()
         settled = []

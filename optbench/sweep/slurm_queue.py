@@ -88,7 +88,8 @@ def parse_squeue(text: str) -> dict[str, TaskState]:
 
 
 def task_states(job_ids: Iterable[str]) -> dict[str, TaskState]:
-    """Every task of these jobs that the controller still lists, finished ones included (MinJobAge)."""
+    """Every task of these jobs (`123`: all of array 123's tasks) that the controller still lists, finished ones
+    included (MinJobAge)."""
     ids = sorted(set(job_ids))
     if not ids:
         return {}
