@@ -187,8 +187,10 @@ RUN = ["run", *TINY_ARGS, "--out", "r.jsonl"]
     (["--executor", "slurm", "--slurm-option", "a b"], "expected an sbatch option as KEY=VALUE", None),
     (["--executor", "slurm", "--gpus-per-trial", "two"], "expected a GPU count, or TYPE:COUNT", None),
     (["--executor", "slurm", "--jobs", "2"], "with --executor slurm the array runs them", None),
+    (["--executor", "slurm", "--device", "tpu"], "unknown device 'tpu'", None),
     (["--executor", "slurm"], "are you indeed on a slurm cluster? (use --executor local)", "empty"),
     (["--executor", "slurm"], "cannot run sinfo", "srun"),
+    (["--executor", "slurm", "--device", "cuda"], "cannot run sinfo", "srun"),  # the nodes' GPUs: not checked here
 ])
 def test_slurm_flags_misused_are_one_line_exit_2(tmp_path, monkeypatch, capfd, extra, message, path):
     monkeypatch.chdir(tmp_path)

@@ -98,13 +98,14 @@ def slurm_options(args: argparse.Namespace):
 
 def check_inputs(spec, local: bool = True) -> None:
     """Ask the workload to check the dataset and model in this process first, so bad input fails in a second; the
-    device too where trials run here (a cluster's GPUs are its nodes', not the submit host's)."""
+    device too, but a CUDA device only where trials run here (a cluster's GPUs are its nodes', not the submit
+    host's)."""
     from optbench.trial.precision import parse_precision
     from optbench.trial.run import resolve_device
     from optbench.workloads import WorkloadError, get_workload
 
     try:
-        if local:
+        if local or not spec.device.startswith("cuda"):
             resolve_device(spec.device)
         parse_precision(spec.precision)
         get_workload(spec.workload).check(spec)
