@@ -14,7 +14,7 @@ from optbench.report import compare, environments, metrics, noise
 
 MIB = 2**20
 JOB = dict(model="m", dataset="d", device="cpu", steps=10, batch_size=4, seq_len=8, workload="w")
-LABEL = "m on d, cpu, 10 steps x batch 4 x seq 8, linear lr"  # results.job_label of JOB
+LABEL = "m on d, cpu, 10 steps x batch 4 x seq 8, linear lr"  # report.frame.job_label of JOB
 
 
 def _ok(optimizer, precision, state_mib, growth_mib, step_s, acc):

@@ -12,9 +12,7 @@ from optbench.sweep.devices import (
     DeviceError,
     check_devices,
     gpu_slots,
-    node_environment,
     preload_modules,
-    slurm_parameters,
     trial_environment,
     visible_gpus,
 )
@@ -108,10 +106,3 @@ def test_bitsandbytes_is_preloaded_only_where_no_gpu_is_visible():
     assert preload_modules(base, True, 1) == base  # its import initialises CUDA: forked children could not use it
     assert preload_modules(base, False, 0) == base
 
-
-def test_slurm_asks_for_gpus_for_cuda_and_auto_and_leaves_the_submit_hosts_mask_behind():
-    assert slurm_parameters("auto", 1, 90, "x")["gpus_per_node"] == 1
-    assert slurm_parameters("cuda", 4, 90, "x")["gpus_per_node"] == 4
-    assert "gpus_per_node" not in slurm_parameters("cpu", 1, 90, "x")
-    assert slurm_parameters("cpu", 1, 90, "x")["timeout_min"] == 4  # past the trial's own timeout
-    assert node_environment({"CUDA_VISIBLE_DEVICES": "3", "OPTBENCH_GPU_PINNED": "1", "X": "1"}) == {"X": "1"}

@@ -17,7 +17,7 @@ from _tiny import TINY
 from optbench.job import devices
 from optbench.job.spec import TrialSpec, build_grid
 from optbench.records.record import Record, read_records
-from optbench.sweep import LocalExecutor, SubmititExecutor, run_sweep, runner
+from optbench.sweep import LocalExecutor, run_sweep, runner
 from optbench.sweep.runner import run_in_subprocess, slot_count
 
 
@@ -70,17 +70,6 @@ def test_jobs_2_runs_trials_at_once_and_records_each_once(tmp_path):
     assert sorted(ids) == sorted(s.trial_id for s in specs)  # each present, once
     # children ran with the CPU threads divided between the two slots
     assert {r.env["torch_threads"] for r in records} == {max(1, (os.cpu_count() or 1) // 2)}
-
-
-def test_submitit_local_executor_records_each_trial_once(tmp_path):
-    pytest.importorskip("submitit")
-    out = tmp_path / "r.jsonl"
-    specs = build_grid(["adamw", "adafactor"], [0], **TINY)
-    records = run_sweep(specs, out, jobs=2, executor=SubmititExecutor(tmp_path / "jobs", cluster="local"))
-    assert all(r.status == "ok" for r in records), [r.error for r in records]
-    assert sorted(r.trial_id for r in read_records(out)) == sorted(s.trial_id for s in specs)
-    # each trial went through a submitit job of its own: one result file per job in the executor's folder
-    assert len(list((tmp_path / "jobs").glob("*_result.pkl"))) == len(specs)
 
 
 def test_slots_are_the_jobs_on_cpu_and_the_gpus_on_cuda(monkeypatch):

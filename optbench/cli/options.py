@@ -1,5 +1,5 @@
 """The command line's parser: every command's flags, the job flags shared by run, study and nightly, and the
-argument types that turn bad input into one line (argparse's usage block would bury it).
+loader of the results files named on it (the argument types are argtypes.py's).
 
 Only parsing lives here; what the flags mean is optbench/job/planner.py's (job flags) and each command's.
 """
@@ -7,14 +7,25 @@ Only parsing lives here; what the flags mean is optbench/job/planner.py's (job f
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
 from optbench import optimizers
+from optbench.cli.argtypes import (
+    finite_float,
+    float_list,
+    gpu_request,
+    int_list,
+    memory_size,
+    name_list,
+    param_count,
+    positive_float,
+    positive_int,
+    sbatch_option,
+    threshold,
+)
 from optbench.job.spec import PRECISIONS, PRESETS, SCHEDULES
 from optbench.trial.engines import ENGINES
 from optbench.trial.engines.parallel import MODES as PARALLEL_MODES
@@ -27,76 +38,6 @@ class UsageError(Exception):
 class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:  # one line instead of argparse's usage block
         raise UsageError(message)
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got '{text}'") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
-    return value
-
-
-def _number(text: str, rule: str, ok: Callable[[float], bool]) -> float:
-    """A float that passes `ok`; otherwise argparse's error says `rule` ("a positive finite number", ...)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got '{text}'") from None
-    if not ok(value):
-        raise argparse.ArgumentTypeError(f"must be {rule}, got {text}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    return _number(text, "a positive finite number", lambda v: 0 < v < math.inf)
-
-
-def finite_float(text: str) -> float:
-    return _number(text, "a finite number", math.isfinite)
-
-
-def threshold(text: str) -> float:
-    """A threshold: '10%', '10' and '10 %' all read as 10 (the unit is in the option's name)."""
-    return _number(text.strip().removesuffix("%").strip(), "a finite number >= 0", lambda v: 0 <= v < math.inf)
-
-
-def int_list(text: str) -> list[int]:
-    try:
-        return [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got '{text}'") from None
-
-
-def name_list(text: str) -> list[str]:
-    return [part.strip() for part in text.split(",") if part.strip()]
-
-
-def float_list(text: str) -> list[float]:
-    values = [positive_float(part) for part in text.split(",") if part.strip()]
-    if not values:
-        raise argparse.ArgumentTypeError(f"expected comma-separated positive numbers, got '{text}'")
-    return values
-
-
-def param_count(text: str) -> int:
-    from optbench.memory.estimate import EstimateError, parse_count
-
-    try:
-        return parse_count(text)
-    except EstimateError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def memory_size(text: str) -> int:
-    from optbench.memory.estimate import EstimateError, parse_bytes
-
-    try:
-        return parse_bytes(text)
-    except EstimateError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def load_records(files: list[Path]) -> list:
@@ -126,6 +67,7 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags that define the job and where it runs (planner.JOB_FLAGS): the same for run, study and nightly."""
     _add_job_definition(parser.add_argument_group("the job (defaults: the preset's)"))
     _add_placement(parser.add_argument_group("where it runs"))
+    _add_slurm(parser.add_argument_group("on a Slurm cluster (--executor slurm; docs/cluster.md)"))
 
 
 def _add_job_definition(job) -> None:
@@ -177,11 +119,30 @@ def _add_placement(where) -> None:
     where.add_argument("--jobs", type=positive_int, default=1,
                        help="trials at once: one GPU each on CUDA; on CPU the cores are shared (timings interfere)")
     where.add_argument("--executor", choices=["local", "slurm"], default="local",
-                       help="local processes, or one slurm job per trial through submitit (pip install submitit)")
+                       help="local processes, or each round of trials as one Slurm job array (pip install submitit)")
     where.add_argument("--allow-errors", action="store_true",
                        help="exit 0 even when a trial ended `error` or `timeout` (default: exit 3)")
 
 
+def _add_slurm(slurm) -> None:
+    slurm.add_argument("--slurm-partition", metavar="NAME", help="the partition (default: the cluster's default)")
+    slurm.add_argument("--slurm-time", type=positive_int, metavar="MINUTES",
+                       help="each task's time limit (default: predicted from the same job's records, else the trial "
+                            "timeout, plus 2 min)")
+    slurm.add_argument("--gpus-per-trial", type=gpu_request, metavar="[TYPE:]N",
+                       help="GPUs each trial asks for, e.g. 1 or a100:1 (default: --device cuda one per rank; auto "
+                            "the same where the partition has GPUs, else none)")
+    slurm.add_argument("--slurm-account", metavar="NAME", help="the account to charge")
+    slurm.add_argument("--slurm-max-running", type=positive_int, metavar="N",
+                       help="trials of an array running at once (the array's %%N; default: all)")
+    slurm.add_argument("--slurm-pending-timeout", type=positive_float, metavar="SECONDS",
+                       help="a task pending on a reason that waiting does not clear (partition down, held, ...) this "
+                            "long is cancelled and recorded `timeout` (default 1800)")
+    slurm.add_argument("--slurm-option", action="append", type=sbatch_option, metavar="KEY[=VALUE]",
+                       help="any other sbatch option, e.g. qos=high, constraint=a100, mem=32G (repeatable)")
+
+
+# sbatch options optbench sets itself, and the flag that sets each.
 def add_optimizer_arguments(parser: argparse.ArgumentParser, preset_default: str, preset_help: str) -> None:
     parser.add_argument("--preset", choices=sorted(PRESETS), default=preset_default, help=preset_help)
     parser.add_argument("--optimizers", type=name_list, default=list(optimizers.DEFAULT_OPTIMIZERS),

@@ -29,7 +29,7 @@ def sweep(args: argparse.Namespace, plan, out: Path) -> list[Record]:
     from optbench.sweep.devices import DeviceError
 
     specs = plan.specs or [spec for spec, _ in plan.unavailable]
-    check_inputs(specs[0])
+    check_inputs(specs[0], local=args.executor == "local")
     try:
         check_writable(out)
     except OSError as exc:
@@ -46,15 +46,13 @@ def sweep(args: argparse.Namespace, plan, out: Path) -> list[Record]:
 def executor(args: argparse.Namespace, specs: list, out: Path):
     """The executor asked for; on CPU, --jobs > 1 comes with a warning about timings."""
     from optbench import optimizers
-    from optbench.sweep import LocalExecutor, SubmititExecutor
+    from optbench.sweep import LocalExecutor
 
     if args.executor == "slurm":
-        try:
-            return SubmititExecutor(out.parent / "submitit", cluster="slurm")
-        except ImportError:
-            raise UsageError("--executor slurm needs submitit: pip install 'optbench[slurm]'") from None
-        except RuntimeError as exc:  # submitit finds no slurm here
-            raise UsageError(f"--executor slurm: {exc} (use --executor local)") from None
+        return slurm_executor(args, out)
+    given = [flag for flag, dest in SLURM_FLAGS if getattr(args, dest, None) is not None]
+    if given:
+        raise UsageError(f"{given[0]} applies to --executor slurm")
     if args.jobs > 1 and all(spec.device == "cpu" for spec in specs):
         print(f"optbench: warning: {args.jobs} trials at once share this CPU's cores and memory bandwidth; their "
               "step times interfere (use --jobs 1 for timings you quote)", file=sys.stderr)
@@ -62,14 +60,56 @@ def executor(args: argparse.Namespace, specs: list, out: Path):
     return LocalExecutor(uses_bitsandbytes=uses_bitsandbytes)
 
 
-def check_inputs(spec) -> None:
-    """Ask the workload to check the dataset and model in this process first, so bad input fails in a second."""
+SLURM_FLAGS = (("--slurm-partition", "slurm_partition"), ("--slurm-time", "slurm_time"),
+               ("--gpus-per-trial", "gpus_per_trial"), ("--slurm-account", "slurm_account"),
+               ("--slurm-max-running", "slurm_max_running"), ("--slurm-pending-timeout", "slurm_pending_timeout"),
+               ("--slurm-option", "slurm_option"))
+
+
+def slurm_executor(args: argparse.Namespace, out: Path):
+    """Each round of trials as one Slurm job array; submitit's files in <out without .jsonl>/slurm/, the trial logs
+    in <out without .jsonl>/logs/ (both must be on storage the nodes share, like the results file)."""
+    if args.jobs > 1:
+        raise UsageError("--jobs runs trials side by side on this machine; with --executor slurm the array runs "
+                         "them (cap: --slurm-max-running)")
+    try:
+        from optbench.sweep import slurm, slurm_queue
+
+        executor = slurm.SlurmExecutor(out.with_suffix("") / "slurm", slurm_options(args))
+        slurm_queue.partition_gpus(None)  # the controller answers: fail here, not at the first submission
+    except ImportError:
+        raise UsageError("--executor slurm needs submitit: pip install 'optbench[slurm]'") from None
+    except RuntimeError as exc:  # submitit finds no srun, or the controller does not answer
+        raise UsageError(f"--executor slurm: {exc} (use --executor local)") from None
+    return executor
+
+
+def slurm_options(args: argparse.Namespace):
+    """The --slurm-* flags and --gpus-per-trial as slurm.SlurmOptions."""
+    from optbench.sweep.slurm import SlurmOptions
+
+    kind, _, count = (args.gpus_per_trial or "").rpartition(":")
+    extra = {}
+    for item in args.slurm_option or ():
+        key, sep, value = item.partition("=")
+        extra[key.strip().lstrip("-").replace("_", "-")] = value.strip() if sep else True
+    given = {"partition": args.slurm_partition, "time_min": args.slurm_time, "account": args.slurm_account,
+             "max_running": args.slurm_max_running, "pending_timeout_s": args.slurm_pending_timeout,
+             "gpus_per_trial": int(count) if count else None, "gpu_type": kind or None}
+    return SlurmOptions(sbatch_options=extra, **{k: v for k, v in given.items() if v is not None})
+
+
+def check_inputs(spec, local: bool = True) -> None:
+    """Ask the workload to check the dataset and model in this process first, so bad input fails in a second; the
+    device too, but a CUDA device only where trials run here (a cluster's GPUs are its nodes', not the submit
+    host's)."""
     from optbench.job.devices import resolve_device
     from optbench.trial.precision import parse_precision
     from optbench.workloads import WorkloadError, get_workload
 
     try:
-        resolve_device(spec.device)
+        if local or not spec.device.startswith("cuda"):
+            resolve_device(spec.device)
         parse_precision(spec.precision)
         get_workload(spec.workload).check(spec)
     except (WorkloadError, ValueError, RuntimeError) as exc:

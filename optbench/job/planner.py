@@ -22,7 +22,8 @@ from optbench.job.spec import PRESETS, STUDY_BUDGETS, Preset, StudyBudget, Trial
 JOB_FLAGS = ("workload", "workload_option", "model", "dataset", "text_column", "label_column", "steps", "warmup_steps",
              "batch_size", "seq_len", "eval_size", "eval_every", "target", "lr", "schedule", "precision", "engine",
              "parallel", "nproc", "device", "timeout", "max_memory", "optimizer_kwargs", "fidelity", "resume_check",
-             "jobs", "executor")
+             "jobs", "executor", "slurm_partition", "slurm_time", "gpus_per_trial", "slurm_account",
+             "slurm_max_running", "slurm_pending_timeout", "slurm_option")
 
 
 class PlanError(ValueError):

@@ -13,6 +13,7 @@ every reader groups by.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import fcntl
@@ -40,7 +41,7 @@ JOB_KEY_FIELDS = ("workload", "workload_options", "model", "pretrained", "datase
 
 __all__ = ["FAILURES", "GIB", "JOB_KEY_FIELDS", "MACHINE_KEYS", "MIB", "REFERENCE_OPTIMIZER", "SCHEMA_VERSION",
            "STATUSES", "Record", "ResultsFileError", "append_record", "check_writable", "completed_trial_ids",
-           "job_key", "job_label", "read_records", "split_peak_memory"]
+           "job_key", "read_records", "split_peak_memory"]
 
 
 @dataclass
@@ -199,6 +200,8 @@ class Record:
     # bookkeeping
     startup_s: float | None = None  # trial launch to the child's first line of real work (imports, fork)
     wall_s: float | None = None
+    slurm_job_id: str | None = None  # `--executor slurm`: the array task that ran it ("123_4"); None elsewhere
+    slurm_restarts: int | None = None  # times the scheduler requeued that task before this run (preemption, ...)
     started_at: str = ""
     env: dict[str, Any] = field(default_factory=dict)
 
@@ -234,25 +237,6 @@ def job_key(record: Record) -> dict[str, Any]:
     key = {name: getattr(record, name) for name in JOB_KEY_FIELDS}
     key["device"] = str(record.device).split(":")[0]
     return key
-
-
-def job_label(key: dict[str, Any]) -> str:
-    """The job in words, for headings: model, data, device, size, then whatever differs from the defaults."""
-    options = "".join(f", {name} {value}" for name, value in sorted((key.get("workload_options") or {}).items()))
-    scratch = ", trained from scratch" if key.get("pretrained") is False else ""
-    parts = [f"{key.get('model')}{options} on {key.get('dataset')}{scratch}, {key.get('device')}, {key.get('steps')} "
-             f"steps x batch {key.get('batch_size')} x seq {key.get('seq_len')}, {key.get('schedule')} lr"]
-    if key.get("precision") not in (None, "fp32"):
-        parts.append(f"{key['precision']} weights")
-    if key.get("engine") not in (None, "native"):
-        parts.append(f"{key['engine']} engine")
-    if key.get("parallel") not in (None, "none"):
-        parts.append(f"{key['parallel']} x{key.get('world_size') or 1}")
-    if key.get("resume_check"):
-        parts.append("resume check")
-    if key.get("fidelity"):
-        parts.append("+ fidelity probe")
-    return ", ".join(parts)
 
 
 def split_peak_memory(record: Record) -> None:
@@ -291,14 +275,17 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def append_record(path: Path, record: Record) -> None:
-    """Append one record as one line, under an exclusive lock, fsynced before returning.
+def append_record(path: Path, record: Record, *, once: bool = False) -> Record:
+    """Append one record as one line, under an exclusive lock, fsynced before returning; returns what is stored.
 
-    The lock (flock on the file itself) lets several sweeps, `--jobs` workers or executor callbacks
-    share one results file without interleaving their lines. A file left without a final newline (a
+    The lock (flock on the file itself) lets several sweeps, `--jobs` workers, executor callbacks or cluster
+    nodes share one results file without interleaving their lines. A file left without a final newline (a
     writer killed mid-line) gets one first, so the torn fragment stays on a line of its own. A write
     that fails half-way (disk full) is cut back to where it started, so the fragment cannot corrupt
     the next append; the error still propagates, since the record was not stored.
+    `once`: not when the file already holds this run's record of this trial (same run_id and trial_id), which is
+    returned instead. Writers that may race for one trial (a cluster node storing its own record, the sweep
+    recording the trial the scheduler ended, a requeued task running twice) then store it exactly once.
     """
     data = (json.dumps(record.to_dict(), allow_nan=False, default=str) + "\n").encode()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -307,6 +294,9 @@ def append_record(path: Path, record: Record) -> None:
         fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             start = os.lseek(fd, 0, os.SEEK_END)
+            stored = _stored(fd, start, record) if once else None
+            if stored is not None:
+                return stored
             if start and os.pread(fd, 1, start - 1) != b"\n":
                 data = b"\n" + data
             try:
@@ -317,6 +307,19 @@ def append_record(path: Path, record: Record) -> None:
                 raise
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
+    return record
+
+
+def _stored(fd: int, size: int, record: Record) -> Record | None:
+    """The record of `record`'s run and trial among the file's first `size` bytes, if one is there."""
+    keys = (f'"trial_id": "{record.trial_id}"', f'"run_id": "{record.run_id}"')
+    for line in os.pread(fd, size, 0).decode(errors="replace").splitlines():
+        if all(key in line for key in keys):
+            with contextlib.suppress(json.JSONDecodeError):
+                data = json.loads(line)
+                if (data.get("trial_id"), data.get("run_id")) == (record.trial_id, record.run_id):
+                    return Record.from_dict(data)
+    return None
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -1,7 +1,7 @@
 """Records -> the per-trial frame -> the per-job summary every renderer and `compare` read.
 
 Jobs are grouped by their job key (`record.job_key`, or `results.job_key(record)` for a record built by
-hand), never by parsing a label; the label (`results.job_label`) is for headings only. A re-run trial
+hand), never by parsing a label; the label (`job_label`) is for headings only. A re-run trial
 (same trial_id) counts once, with its latest record.
 
 Study records: the tune stage runs each optimizer's lr grid at the finals' job (`stage="tune"`, the tune
@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from optbench.records.record import REFERENCE_OPTIMIZER, Record, job_key, job_label, split_peak_memory
+from optbench.records.record import REFERENCE_OPTIMIZER, Record, job_key, split_peak_memory
 from optbench.report import metrics, stats
 from optbench.report.metrics import MEAN, MEDIAN_INF, MEMORY_HEADLINE, SPEED_HEADLINE, TEXT, Metric, record_values
 
@@ -32,6 +32,25 @@ SPEED = f"speed x vs {REFERENCE_OPTIMIZER}"
 LOOSE_FIELDS = ("steps", "warmup_steps", "eval_size")  # what a schema-1 tune record may differ in from its finals
 SIDE_BY_SIDE_FIELDS = ("precision", "engine")  # jobs differing only in these share the side-by-side table
 TUNING = ("tuned_lr", "tune_steps", "tune_points", "tunability", "tune_band", "tune_band_basis", "tune_seeds")
+
+
+def job_label(key: dict[str, Any]) -> str:
+    """The job in words, for headings: model, data, device, size, then whatever differs from the defaults."""
+    options = "".join(f", {name} {value}" for name, value in sorted((key.get("workload_options") or {}).items()))
+    scratch = ", trained from scratch" if key.get("pretrained") is False else ""
+    parts = [f"{key.get('model')}{options} on {key.get('dataset')}{scratch}, {key.get('device')}, {key.get('steps')} "
+             f"steps x batch {key.get('batch_size')} x seq {key.get('seq_len')}, {key.get('schedule')} lr"]
+    if key.get("precision") not in (None, "fp32"):
+        parts.append(f"{key['precision']} weights")
+    if key.get("engine") not in (None, "native"):
+        parts.append(f"{key['engine']} engine")
+    if key.get("parallel") not in (None, "none"):
+        parts.append(f"{key['parallel']} x{key.get('world_size') or 1}")
+    if key.get("resume_check"):
+        parts.append("resume check")
+    if key.get("fidelity"):
+        parts.append("+ fidelity probe")
+    return ", ".join(parts)
 
 
 def job_id(key: dict[str, Any]) -> str:

@@ -20,9 +20,17 @@ from pathlib import Path
 import pandas as pd
 
 from optbench.probes import HOST_SYNCED
-from optbench.records.record import REFERENCE_OPTIMIZER, Record, job_label
+from optbench.records.record import REFERENCE_OPTIMIZER, Record
 from optbench.report import html_page, metrics, stats
-from optbench.report.frame import MEM_SAVED, SPEED, TARGET_SHARE, summarize, time_to_target_by_job, trials_frame
+from optbench.report.frame import (
+    MEM_SAVED,
+    SPEED,
+    TARGET_SHARE,
+    job_label,
+    summarize,
+    time_to_target_by_job,
+    trials_frame,
+)
 from optbench.report.metrics import MEDIAN_INF, QUALITY, QUALITY_METRIC, TEXT, Metric
 
 __all__ = ["FORMATS", "render_json", "render_markdown", "render_terminal", "summarize",

@@ -1,4 +1,4 @@
-"""Where and how a trial's process runs: locally (forkserver, fresh interpreter or torchrun) or via submitit.
+"""Where and how a trial's process runs on this machine: forkserver, fresh interpreter or torchrun.
 
 An executor turns (spec, what the trial adds to its environment) into a Record, whatever happens to the process: a
 timeout, a crash or a kill by the out-of-memory killer becomes a record with that status. `stop()` kills every
@@ -6,7 +6,8 @@ child still running (an interrupted sweep must not leave trials training on as o
 
 A child gets its whole environment as an argument (`child_environment`): the environment the executor was made
 in, the child settings and the trial's own additions. Nothing here changes os.environ: threads that start trials
-side by side read it, and the process it belongs to is the user's.
+side by side read it, and the process it belongs to is the user's. An array executor
+(slurm.py) takes a whole round of trials at once and hands their records back as the scheduler settles them.
 """
 
 from __future__ import annotations
@@ -22,16 +23,16 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from optbench.job.devices import cuda_device_count
 from optbench.job.spec import TrialSpec
 from optbench.records.oom import says_out_of_memory
 from optbench.records.record import Record
 from optbench.sweep.child import PRELOAD, SWEEP_PID_ENV
-from optbench.sweep.devices import node_environment, preload_modules, slurm_parameters
+from optbench.sweep.devices import preload_modules
 from optbench.trial.settings import settings_record
 
 STDERR_TAIL_BYTES = 32768  # torchrun's own summary alone is ~1 KB: the rank's error sits above it
@@ -44,6 +45,21 @@ class Executor(Protocol):
     def run(self, spec: TrialSpec, env: dict[str, str]) -> Record: ...
 
     def stop(self) -> None: ...
+
+
+@runtime_checkable
+class ArrayExecutor(Protocol):
+    """Runs a round of trials as one submission (a Slurm job array) and yields each record once the trial settled.
+    Its trials may store their own records (`append_record(once=True)` under `run_id`): the sweep stores each once."""
+
+    def run_all(self, specs: list[TrialSpec], run_id: str, out_path: Path) -> Iterator[Record]: ...
+
+    def stop(self) -> None: ...
+
+
+def trial_log_name(spec: TrialSpec) -> str:
+    """A trial's log file name where logs are kept (a cluster sweep's, one per trial beside the results)."""
+    return f"{spec.optimizer}-seed{spec.seed}-{spec.trial_id}.log"
 
 
 class FunctionExecutor:
@@ -100,6 +116,11 @@ def _read_tail(log_path: Path) -> bytes:
         return handle.read()
 
 
+def cause_in_log(log_path: Path) -> str:
+    """Why a process died, read from the end of its log (`_last_lines`); `no log` where it left none."""
+    return _last_lines(_read_tail(log_path)) if log_path.is_file() else "no log"
+
+
 def _echo(log_path: Path, done: threading.Event) -> None:
     """Follow the child's log onto our stderr (its progress bar included) until `done`; TTY sweeps only."""
     out = sys.stderr.buffer
@@ -149,12 +170,14 @@ class LocalExecutor:
     `spec.max_memory_bytes` caps what each trial may add to its address space (RLIMIT_AS). Every child learns
     this process's pid (OPTBENCH_SWEEP_PID) and dies with it, whatever kills it (process/child.py).
     `uses_bitsandbytes`: preload bitsandbytes into the forkserver where that is safe (process/devices.py).
+    `log_dir`: keep each trial's log there (`trial_log_name`), appended to; by default it goes with the trial.
     """
 
-    def __init__(self, startup: str = "forkserver", uses_bitsandbytes: bool = False, echo: bool | None = None):
+    def __init__(self, startup: str = "forkserver", uses_bitsandbytes: bool = False, echo: bool | None = None,
+                 log_dir: Path | None = None):
         if startup not in STARTUPS:
             raise ValueError(f"startup must be one of {', '.join(STARTUPS)}, got '{startup}'")
-        self.startup = startup
+        self.startup, self.log_dir = startup, log_dir
         self.echo = sys.stderr.isatty() if echo is None else echo
         self.base_env = dict(os.environ)  # read once, here: every child's environment starts from it
         self.preload = preload_modules(PRELOAD, uses_bitsandbytes, cuda_device_count() if uses_bitsandbytes else 0)
@@ -167,6 +190,9 @@ class LocalExecutor:
         child_env = child_environment(self.base_env, env, self.echo)
         with tempfile.TemporaryDirectory(prefix="optbench-") as tmp:
             spec_path, record_path, log_path = (Path(tmp) / name for name in ("spec.json", "record.json", "log"))
+            if self.log_dir is not None:
+                self.log_dir.mkdir(parents=True, exist_ok=True)
+                log_path = self.log_dir / trial_log_name(spec)
             spec_path.write_text(json.dumps(spec.to_dict()))
             log_path.touch()
             launched_at = time.time()
@@ -269,54 +295,3 @@ def _child_entry(*args) -> None:
     from optbench.sweep.child import run_child
 
     run_child(*args)
-
-
-class SubmititExecutor:
-    """Each trial as one submitit job: `slurm` on a cluster, `local` or `debug` on this machine (tests).
-
-    The job runs the trial through a LocalExecutor on its node (fresh interpreter per trial, timeout,
-    crash isolation) and returns the record; the sweep appends it to its one results file.
-    """
-
-    def __init__(self, folder: Path, cluster: str = "slurm"):
-        import submitit
-
-        self.executor = submitit.AutoExecutor(folder=folder, cluster=cluster)
-        self.cluster = cluster
-        self._lock = threading.Lock()
-        self._jobs: set = set()
-        self._stopped = False
-
-    def run(self, spec: TrialSpec, env: dict[str, str]) -> Record:
-        import submitit
-
-        # submitit's own limit sits past the trial's, so a slow trial is a `timeout` record, not a lost job
-        parameters = slurm_parameters(spec.device, spec.nproc, spec.timeout_s, f"optbench-{spec.optimizer}")
-        if self.cluster != "slurm":
-            parameters.pop("gpus_per_node", None)
-        with self._lock:
-            if self._stopped:
-                return failed_record(spec, "error", "sweep stopped before this trial started")
-            self.executor.update_parameters(**parameters)
-            job = self.executor.submit(run_on_node, spec.to_dict(), node_environment(env))
-            self._jobs.add(job)
-        try:
-            return Record.from_dict(job.result())
-        except (submitit.core.utils.FailedJobError, submitit.core.utils.UncompletedJobError) as exc:
-            return failed_record(spec, "error", f"submitit job {job.job_id} failed: {_last_lines(str(exc).encode())}")
-        finally:
-            with self._lock:
-                self._jobs.discard(job)
-
-    def stop(self) -> None:
-        with self._lock:
-            self._stopped = True
-            jobs = list(self._jobs)
-        for job in jobs:
-            job.cancel(check=False)
-
-
-def run_on_node(spec: dict, env: dict[str, str]) -> dict:
-    """The submitit job: one trial in a fresh local child, its record as plain data; slurm's GPU mask stands."""
-    executor = LocalExecutor(startup="spawn", echo=False)
-    return executor.run(TrialSpec.from_dict(spec), env).to_dict()

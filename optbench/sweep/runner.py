@@ -17,13 +17,13 @@ import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import TextIO
+from typing import NoReturn, TextIO
 
 from optbench.job.devices import cuda_device_count, device_kind
 from optbench.job.spec import TrialSpec
 from optbench.records.record import Record, append_record, completed_trial_ids
 from optbench.sweep.devices import GpuLocks, check_devices, gpu_slots, trial_environment, visible_gpus
-from optbench.sweep.executors import Executor, FunctionExecutor, LocalExecutor, failed_record
+from optbench.sweep.executors import ArrayExecutor, Executor, FunctionExecutor, LocalExecutor, failed_record
 from optbench.sweep.progress import ALREADY_OK, Progress
 
 
@@ -58,12 +58,13 @@ def slot_count(specs: list[TrialSpec], jobs: int, visible: list[str]) -> int:
 def run_sweep(specs: list[TrialSpec], out_path: Path, run_id: str | None = None,
               run_trial: Callable[[TrialSpec], Record] | None = None,
               on_record: Callable[[Record], None] | None = None, *, jobs: int = 1,
-              executor: Executor | None = None, progress: TextIO | None = sys.stderr,
+              executor: Executor | ArrayExecutor | None = None, progress: TextIO | None = sys.stderr,
               skipped: Sequence[tuple[TrialSpec, str]] = ()) -> list[Record]:
     """Run every spec not already `ok` in `out_path`, appending each record as soon as it exists.
 
     `run_trial` (a plain function) or `executor` says how a trial runs; by default each runs in a
-    fresh local process forked from a preloaded forkserver. Up to `jobs` run at once. `skipped`: the
+    fresh local process forked from a preloaded forkserver. Up to `jobs` run at once; an ArrayExecutor
+    (a cluster's) takes them all at once and cancels its jobs on Ctrl-C. `skipped`: the
     (spec, reason) pairs that cannot run here, recorded `skipped` first. Every record gets this sweep's
     run id. Ctrl-C stops the running children and raises SweepInterrupted; a failed append raises
     ResultsWriteError.
@@ -73,7 +74,9 @@ def run_sweep(specs: list[TrialSpec], out_path: Path, run_id: str | None = None,
     store = _Store(out_path, run_id or new_run_id(), printer, on_record)
     for spec, reason in skipped:
         store.add(failed_record(spec, "skipped", f"unavailable here: {reason}"))
-    if pending:
+    if pending and isinstance(executor, ArrayExecutor):
+        _run_arrays(executor, pending, store)
+    elif pending:
         if executor is None:
             executor = FunctionExecutor(run_trial) if run_trial is not None else LocalExecutor()
         _run_in_slots(pending, executor, store, jobs)
@@ -111,14 +114,31 @@ def _run_in_slots(pending: list[TrialSpec], executor: Executor, store: _Store, j
     except BaseException as exc:
         executor.stop()
         pool.shutdown(wait=True, cancel_futures=True)
-        if isinstance(exc, KeyboardInterrupt):
-            raise SweepInterrupted(len(store.records)) from None
-        raise
+        _raise_stopped(exc, store)
     pool.shutdown()
 
 
 def _printer(stream: TextIO) -> Callable[[str], None]:
     return lambda line: print(f"optbench: {line}", file=stream, flush=True)
+
+
+def _run_arrays(executor: ArrayExecutor, pending: list[TrialSpec], store: _Store) -> None:
+    """Every pending trial to the cluster at once; each record stored once as it settles (its node may have stored
+    it already: `append_record(once=True)`)."""
+    store.once = True
+    try:
+        for record in executor.run_all(pending, store.run_id, store.out_path):
+            store.add(record)
+    except BaseException as exc:
+        executor.stop()
+        _raise_stopped(exc, store)
+
+
+def _raise_stopped(exc: BaseException, store: _Store) -> NoReturn:
+    """After the executor stopped: an interrupt becomes SweepInterrupted (what was recorded), the rest re-raised."""
+    if isinstance(exc, KeyboardInterrupt):
+        raise SweepInterrupted(len(store.records)) from None
+    raise exc
 
 
 def _pending(specs: list[TrialSpec], out_path: Path, on_record: Callable[[Record], None] | None) -> list[TrialSpec]:
@@ -137,11 +157,12 @@ class _Store:
                  on_record: Callable[[Record], None] | None) -> None:
         self.out_path, self.run_id, self.tracker, self.on_record = out_path, run_id, tracker, on_record
         self.records: list[Record] = []
+        self.once = False  # store a trial only if this run has not stored it yet (records.append_record)
 
     def add(self, record: Record) -> None:
         record.run_id = self.run_id
         try:
-            append_record(self.out_path, record)
+            record = append_record(self.out_path, record, once=self.once)
         except OSError as exc:
             raise ResultsWriteError(exc.errno, f"cannot append to {self.out_path}: {exc.strerror or exc}; "
                                                f"{len(self.records)} trials recorded") from exc
