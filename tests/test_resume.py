@@ -141,10 +141,10 @@ def test_a_weights_only_refusal_is_reported_by_the_class_it_refused():
     assert "Projector" in message and "\x1b" not in message and len(message) <= 300
 
 
-@pytest.mark.skipif(not optimizers.resolve("galore_adamw").available, reason="galore-torch is not installed")
+@pytest.mark.skipif(not optimizers.resolve("galore_adamw_r8").available, reason="galore-torch is not installed")
 def test_under_trainer_galores_projector_state_cannot_be_loaded_weights_only():
     """Trainer loads optimizer.pt with weights_only=True; GaLore keeps projector objects in its state."""
-    record = run_trial(TrialSpec(optimizer="galore_adamw", resume_check=True, engine="trainer",
+    record = run_trial(TrialSpec(optimizer="galore_adamw_r8", resume_check=True, engine="trainer",
                                  **{**TINY, "steps": 4}))
     assert record.status == "ok" and record.checkpoint_bytes > 0
     assert record.resume_status.startswith("error: UnpicklingError: WeightsUnpickler error: Unsupported global")

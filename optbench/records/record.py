@@ -8,7 +8,10 @@ instead of failing the whole file.
 Schema 2 (this version) added the lr `schedule` (schema-1 records trained at a constant lr after the
 warm-up, and read back as `constant`), `workload_options` (schema 1 named a tiny BERT's width in the
 workload, `tiny-w128`; it reads back as workload `tiny` with `{"hidden_size": 128}`) and the `job_key`
-every reader groups by.
+every reader groups by. Schema 3 gave HF Trainer's `optim` names the semantics Trainer gives them: the entries that
+held three of those names before are renamed (`RENAMED_OPTIMIZERS`: `sgd` with momentum 0.9 is now `sgd_momentum`,
+the rank-8 `galore_adamw` and `apollo_adamw` are `galore_adamw_r8` and `apollo_adamw_r8`), and older records read
+back under the new names. It also added the sharding check (`sharding_state_changes`).
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ from typing import Any
 
 from optbench.records.environment import MACHINE_KEYS
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+# Schema 3: registry entries renamed because their old names are HF Trainer names with other settings.
+RENAMED_OPTIMIZERS = {"sgd": "sgd_momentum", "galore_adamw": "galore_adamw_r8", "apollo_adamw": "apollo_adamw_r8"}
 MIB = 2**20
 GIB = 2**30
 REFERENCE_OPTIMIZER = "adamw"  # what every table, paired difference and "% of" column compares against
@@ -142,6 +147,10 @@ class Record:
     parallel: str = "none"  # none | ddp | zero1 | fsdp2
     world_size: int = 1
     per_rank: list[dict[str, Any]] = field(default_factory=list)  # each rank's state/memory/time figures
+    # --state-map under --parallel: each parameter whose state precision or bytes per element changed against a
+    # single process of the same optimizer (optbench.memory.sharding); [] none changed, None not checked.
+    sharding_state_changes: list[dict[str, Any]] | None = None
+    sharding_checked_params: int | None = None  # parameters the sharding check compared
     precision: str = "fp32"  # fp32 | bf16-autocast | fp16-autocast | bf16 (bf16 weights, no fp32 master)
     param_dtype: str = "float32"
     autocast_dtype: str | None = None
@@ -207,13 +216,16 @@ class Record:
 
 
 def _upgrade(data: dict[str, Any]) -> dict[str, Any]:
-    """Schema 1 -> 2: a constant lr after warm-up, and the tiny BERT's width out of the workload name."""
-    if int(data.get("schema_version") or 1) >= 2:
-        return data
-    data.setdefault("schedule", "constant")
-    workload = str(data.get("workload") or "")
-    if workload.startswith("tiny-w") and workload[6:].isdigit():
-        data["workload"], data["workload_options"] = "tiny", {"hidden_size": int(workload[6:])}
+    """Schema 1 -> 2: a constant lr after warm-up, and the tiny BERT's width out of the workload name.
+    Schema 2 -> 3: the entries renamed to free HF Trainer's names (`RENAMED_OPTIMIZERS`)."""
+    version = int(data.get("schema_version") or 1)
+    if version < 2:
+        data.setdefault("schedule", "constant")
+        workload = str(data.get("workload") or "")
+        if workload.startswith("tiny-w") and workload[6:].isdigit():
+            data["workload"], data["workload_options"] = "tiny", {"hidden_size": int(workload[6:])}
+    if version < 3 and data.get("optimizer") in RENAMED_OPTIMIZERS:
+        data["optimizer"] = RENAMED_OPTIMIZERS[data["optimizer"]]
     return data
 
 
