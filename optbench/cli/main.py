@@ -13,14 +13,15 @@ import signal
 import sys
 from typing import NoReturn
 
-from optbench.cli import nightly, report, run, sizing, study
+from optbench.cli import listing, nightly, report, run, sizing, study
 from optbench.cli.options import UsageError, build_parser
 from optbench.job.planner import PlanError
 from optbench.records import exits
 from optbench.sweep.runner import ResultsWriteError
 
 COMMANDS = {"run": run.run_command, "study": study.study_command, "report": report.report_command,
-            "compare": report.compare_command, "nightly": nightly.nightly_command, **sizing.COMMANDS}
+            "compare": report.compare_command, "nightly": nightly.nightly_command, **listing.COMMANDS,
+            **sizing.COMMANDS}
 
 
 class Terminated(KeyboardInterrupt):

@@ -60,6 +60,7 @@ class Param:
     head: bool = False  # part of the output head (see HEAD_MODULE_NAMES) or the output embeddings
     dtype: str = ""  # torch's dtype name without "torch."; "" when only the itemsize is known
     linear: bool | None = None  # the weight of an nn.Linear; None when only the shape is known
+    layer_norm: bool = False  # a parameter of an nn.LayerNorm (HF Trainer never decays those)
 
     @classmethod
     def from_shape(cls, shape: Shape) -> Param:
@@ -125,6 +126,7 @@ def describe_model(model: Any) -> list[tuple[Param, Any]]:
 
     embedding_ids = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
     linear_ids = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Linear)}
+    norm_ids = {id(p) for m in model.modules() if isinstance(m, torch.nn.LayerNorm) for p in m.parameters()}
     head_ids: set[int] = set()
     output_embeddings = getattr(model, "get_output_embeddings", lambda: None)()
     if output_embeddings is not None:
@@ -136,7 +138,7 @@ def describe_model(model: Any) -> list[tuple[Param, Any]]:
         head = id(tensor) in head_ids or name.split(".")[0] in HEAD_MODULE_NAMES
         facts = Param(shape=tuple(tensor.shape), itemsize=tensor.element_size(), name=name,
                       embedding=id(tensor) in embedding_ids, head=head, dtype=dtype_name(tensor.dtype),
-                      linear=id(tensor) in linear_ids)
+                      linear=id(tensor) in linear_ids, layer_norm=id(tensor) in norm_ids)
         pairs.append((facts, tensor))
     return pairs
 
@@ -364,7 +366,8 @@ class OptimizerSpec:
         """Facts for each trainable parameter of `model`, names included; structural flags only for structural
         entries, whose build sees the structure (the others are built from bare tensors)."""
         facts = [facts for facts, _ in describe_model(model)]
-        return facts if self.structural else [replace(p, embedding=False, head=False, linear=None) for p in facts]
+        bare = dict(embedding=False, head=False, linear=None, layer_norm=False)
+        return facts if self.structural else [replace(p, **bare) for p in facts]
 
     def analytic_map_for(self, model: Any, **kwargs: Any) -> StateMap:
         """The state map for `model` as `build_for(model, **kwargs)` would optimise it."""

@@ -22,7 +22,7 @@ from optbench.optimizers.base import (
     full_moments,
     param_state,
 )
-from optbench.optimizers.hf import HF_ADAM, HF_WEIGHT_DECAY
+from optbench.optimizers.hf import HF_ADAM, HF_WEIGHT_DECAY, trainer_groups
 from optbench.optimizers.torch_optim import ADAMW_LR_RANGE, adamw_rule
 
 # ---- schedule-free: needs train()/eval() switching around evaluation ----
@@ -80,8 +80,9 @@ def _exposing_grok_state() -> type:
     return ExposingGrokState
 
 
-def _make_grokadamw(params: Any, lr: float, **kwargs: Any) -> Any:
-    return _exposing_grok_state()(params, lr=lr, **kwargs)
+def _make_grokadamw(pairs: list[tuple[Param, Any]], lr: float, **kwargs: Any) -> Any:
+    """In Trainer's two groups: GrokAdamW damps beta1 by a parameter's index within its group."""
+    return _exposing_grok_state()(trainer_groups(pairs), lr=lr, **kwargs)
 
 
 def _grokadamw_rule(p: Param, **_: Any) -> ParamState:
@@ -216,6 +217,7 @@ EXTRA_ENTRIES = [
     ),
     OptimizerSpec(
         name="grokadamw", hf_alias="grokadamw", factory=_make_grokadamw, library="grokadamw", extra="grokadamw",
+        structural=True,
         default_lr=5e-5, lr_range=ADAMW_LR_RANGE, precision="fp32", rule=_grokadamw_rule,
         default_kwargs={"weight_decay": HF_WEIGHT_DECAY, "alpha_init": 0.98, "lamb": 2.0, "gamma": 0.1,
                         "grokking_signal_decay_rate": 0.1, "gradient_clipping": 1.0},
