@@ -52,10 +52,15 @@ def recommend_command(args: argparse.Namespace) -> int:
 
 
 def explain_command(args: argparse.Namespace) -> int:
-    from optbench.memory import statemap
+    """The state map; with --parallel, each rank's state and what sharding changes (or why that cannot be told)."""
+    from optbench.memory import sharding, statemap
 
+    if args.nproc != 2 and args.parallel == "none":
+        raise UsageError("--nproc needs a --parallel mode (ddp, zero1 or fsdp2)")
     try:
         print(statemap.explain(args.optimizer, workload=args.workload, model=args.model))
+        if args.parallel != "none":
+            print("\n" + sharding.explain(args.optimizer, args.parallel, args.nproc, args.workload, args.model))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     return EXIT_OK

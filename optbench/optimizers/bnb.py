@@ -127,7 +127,8 @@ def _paging(optimizer: Any) -> tuple[bool | None, str | None]:
     return False, f"no parameter has {BNB_MIN_PAGED_NUMEL:,} elements, the least bitsandbytes pages"
 
 
-NO_DTENSOR = "bitsandbytes' update kernels take no DTensor parameters (mixed torch.Tensor and DTensor)"
+NO_DTENSOR = ("bitsandbytes' update kernels take no DTensor parameters (8-bit: 'got mixed torch.Tensor and DTensor'; "
+              "32-bit: 'no sharding strategy registered')")
 
 
 def _entry(name: str, class_name: str, moments: int, bits8: bool, **fields: Any) -> OptimizerSpec:

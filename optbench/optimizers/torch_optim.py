@@ -159,7 +159,8 @@ def _hf_entry(name: str, class_name: str, rule: Any, default_lr: float, lr_range
     """HF Trainer's `optim=name`: torch.optim.<class_name> with Trainer's settings."""
     return OptimizerSpec(name=name, hf_alias=name, factory=_torch_factory(class_name), library="torch",
                          default_lr=default_lr, lr_range=lr_range, precision="fp32", rule=rule,
-                         default_kwargs={"weight_decay": HF_WEIGHT_DECAY, **kwargs}, description=description)
+                         default_kwargs={"weight_decay": HF_WEIGHT_DECAY, **kwargs}, description=description,
+                         fsdp2="local" if class_name == "AdamW" and not kwargs.get("fused") else "")
 
 
 # RMSprop's per-coordinate scaling without momentum wants about AdamW's lr; Adagrad's accumulated sum shrinks its

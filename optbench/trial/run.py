@@ -16,6 +16,7 @@ outside the timed intervals and outside the memory window.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import random
 import time
@@ -161,8 +162,9 @@ def describe_state(record: Record, optimizer: torch.optim.Optimizer, entry: Opti
         rows = statemap.measured_state_map(optimizer, model)
         record.state_bytes_by_module = statemap.bytes_by_module(rows)
         if state_map_dir:
+            rank = f"-rank{torch.distributed.get_rank()}" if record.parallel not in (None, "none") else ""
             statemap.write_state_map(rows, Path(state_map_dir) / f"{record.optimizer}-seed{record.seed}-"
-                                                                  f"{record.trial_id}.csv")
+                                                                  f"{record.trial_id}{rank}.csv")
     record.state_bytes_per_param = record.state_bytes / record.num_params
     record.paged, record.paged_reason = entry.paging(optimizer)
     record.optimizer_impl = measure.optimizer_impl(optimizer)
@@ -247,12 +249,33 @@ def _train_and_measure(spec: TrialSpec, record: Record) -> None:
     split_peak_memory(record)
     describe_bandwidth(record, bandwidth + measure.triad_bandwidth_samples(s.device, BANDWIDTH_SAMPLES))
     measure.describe_speed(record, result.step_times, result.optimizer_times)
+    if spec.parallel != "none" and spec.state_map_dir:
+        check_sharding(s, record)
     if spec.target is not None:
         time_to_target(record, spec.target)
     if check is not None:
         check.finish(fresh_setup(spec, record))
     evaluate_final(s, record)
     check_divergence(record, s.built.chance_loss)
+
+
+def check_sharding(s: Setup, record: Record) -> None:
+    """`--state-map` under a parallel mode (memory/sharding.py): every rank's measured state map goes to rank 0, which
+    builds one process of the same job, steps it once (after this rank's memory window has closed) and records each
+    parameter whose state precision or bytes per element differ."""
+    from optbench.memory import sharding, statemap
+    from optbench.trial.engines.native import timed_steps
+    from optbench.trial.engines.parallel import gather_to_rank0
+
+    ranks = gather_to_rank0(sharding.local_rows(statemap.measured_state_map(s.optimizer, s.model), s.model))
+    if ranks is None:
+        return
+    one = setup(dataclasses.replace(s.spec, parallel="none", nproc=1, state_map_dir=None), copy.copy(record))
+    for _ in timed_steps(one, stop=1):
+        pass
+    single = statemap.measured_state_map(one.optimizer, one.model)
+    record.sharding_state_changes = [change.to_dict() for change in sharding.compare(single, ranks)]
+    record.sharding_checked_params = sum(1 for row in single if row.module_kind != statemap.SHARED)
 
 
 def resume_check(s: Setup, record: Record) -> Any:
