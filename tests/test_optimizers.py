@@ -353,3 +353,12 @@ def test_kwargs_parser_resolves_aliases_and_turns_lists_into_tuples():
 def test_kwargs_parser_rejects_malformed_items(item, message):
     with pytest.raises(ValueError, match=message):
         optimizers.parse_optimizer_kwargs([item])
+
+
+@pytest.mark.parametrize("version,old,new", [(2, "sgd", "sgd_momentum"), (1, "galore_adamw", "galore_adamw_r8"),
+                                             (2, "apollo_adamw", "apollo_adamw_r8"), (3, "sgd", "sgd")])
+def test_records_from_before_hf_names_took_their_meaning_read_under_the_new_names(version, old, new):
+    from optbench.records.record import Record
+
+    assert Record.from_dict({"schema_version": version, "trial_id": "t", "optimizer": old}).optimizer == new
+    assert optimizers.resolve(new).name == new

@@ -26,13 +26,14 @@ def test_zero1_hands_out_whole_parameters_largest_first_to_the_least_loaded_rank
     assert sharding.zero1_owners(params, 2) == [0, 0, 1, 1]  # 10 -> 0, 7 -> 1, 5 -> 1, 3 -> 0
 
 
-def test_a_dtype_change_is_a_precision_change_and_a_scalar_per_shard_is_not_a_change():
+def test_a_dtype_change_is_a_precision_change_and_a_scalar_per_shard_or_a_replica_is_not_a_change():
     single = [_row("emb", 8192, uint8=16384, float32=256), _row("w", 4096, float32=8 * 4096 + 4)]
     ranks = [[_row("emb", 4096, float32=8 * 4096), _row("w", 2048, float32=8 * 2048 + 4)],
              [_row("emb", 4096, float32=8 * 4096), _row("w", 2048, float32=8 * 2048 + 4)]]
     (change,) = sharding.compare(single, ranks)
     assert (change.name, change.kind) == ("emb", "precision")
     assert change.single == "uint8+fp32, 2.03 B/elt" and change.sharded == "fp32, 8.00 B/elt"
+    assert sharding.compare(single[1:], [single[1:], single[1:]]) == []  # DDP: every rank holds all of it
 
 
 def test_bytes_change_needs_one_percent_and_one_kib_and_lost_state_is_a_precision_change():
@@ -42,10 +43,9 @@ def test_bytes_change_needs_one_percent_and_one_kib_and_lost_state_is_a_precisio
         half = [_row("q", 32768, uint8=codes // 2, float32=1024), _row(SHARED_ROW_NAME, 0, float32=2048)]
         return {change.name: change for change in sharding.compare(single, [half, half])}
 
-    changes = case(codes=65536)  # +1 KiB on 65.5 KB: 1.6 %
-    assert {name: change.kind for name, change in changes.items()} == {
-        "q": "bytes", "gone": "precision", SHARED_ROW_NAME: "bytes"}
-    assert changes["gone"].sharded == "-, 0.00 B/elt (rank none)"
+    changes = case(codes=65536)  # +1 KiB on 65.5 KB: 1.6 %; the shared maps: each rank keeps one process's own
+    assert {name: change.kind for name, change in changes.items()} == {"q": "bytes", "gone": "precision"}
+    assert changes["gone"].sharded == "no state on any rank"
     assert "q" not in case(codes=65536 * 2)  # +1 KiB on 132 KB: under 1 %
 
 
@@ -62,10 +62,10 @@ TALL = [f"bert.encoder.layer.{i}.{part}.dense.weight" for i in (0, 1) for part i
     # 256 divides them, not their 15261 x 384 shards; the tiny BERT's it divides in neither.)
     ("adamw8bit_torchao", "fsdp2", {**dict.fromkeys([*SQUARE, POOLER], "precision"),
                                     **dict.fromkeys(["bert.embeddings.position_embeddings.weight", *TALL], "bytes")}),
-    # ZeRO-1 builds from bare tensors: HF's fp32 override for embeddings is lost (position: 512 x 64 >= 4096); each
-    # rank keeps its own quantisation maps
+    # ZeRO-1 builds from bare tensors: HF's fp32 override for embeddings is lost (position: 512 x 64 >= 4096)
     ("adamw8bit_hf", "zero1", {"bert.embeddings.word_embeddings.weight": "precision",
-                               "bert.embeddings.position_embeddings.weight": "precision", SHARED_ROW_NAME: "bytes"}),
+                               "bert.embeddings.position_embeddings.weight": "precision"}),
+    ("adamw8bit", "zero1", {}), ("adamw8bit", "ddp", {}),  # every rank: its own maps, as one process
 ])
 def test_the_prediction_names_what_sharding_changes(optimizer, mode, changed):
     single, ranks, changes = sharding.predict(optimizer, mode, 2, workload="tiny")

@@ -9,8 +9,10 @@ parameter, whether that happened:
 
 - a *precision* change: a rank holding state for the parameter keeps other state dtypes than one process does
   (uint8+fp32 against fp32), or no rank keeps the state one process keeps;
-- a *bytes* change: the ranks together keep more (or fewer) state bytes per element than one process, by at least
-  1 % and 1 KiB (torchao's per-tensor quantisation map, copied on every rank; not a 4-byte `step` per shard).
+- a *bytes* change: the ranks keep more (or fewer) state bytes per element they hold than one process, by at least
+  1 % and 1 KiB over the group (torchao's per-tensor quantisation map, copied on every rank that holds a shard;
+  not a 4-byte `step` per shard). Under DDP every rank holds all of it, which is no change; the shared row
+  (bitsandbytes' quantisation maps) is compared rank by rank.
 
 Both sides are state maps (memory/statemap.py), measured or analytic: `run --parallel MODE --state-map` compares each
 rank's measured map with one process's, built and stepped in rank 0 after training (trial/run.py); `explain
@@ -77,18 +79,23 @@ def _holders(name: str, ranks: Sequence[Sequence[StateRow]]) -> list[tuple[int, 
 
 def _change(single: StateRow, holders: list[tuple[int, StateRow]], nproc: int) -> Change | None:
     """The change sharding made to one parameter's state (None: none); the ranks that hold it are named unless all
-    of them do."""
-    total = sum(row.state_bytes for _, row in holders)
-    numel = single.numel if single.name != SHARED_ROW_NAME else 0
+    of them do. Each holding rank should keep one process's bytes in proportion to the elements it holds (all of
+    them under DDP and ZeRO-1, its shard under FSDP2; the shared row: one process's own); a bytes change is the
+    ranks' excess over that, or shortfall, beyond the tolerance."""
+    shared = single.name == SHARED_ROW_NAME
+    total, held = sum(row.state_bytes for _, row in holders), sum(row.numel for _, row in holders)
+    share = len(holders) if shared else held / single.numel if single.numel else 0.0
     dtypes = sorted({_dtypes(row) for _, row in holders}) or ["-"]
-    ranks = f" (rank {', '.join(str(rank) for rank, _ in holders) or 'none'})" if len(holders) < nproc else ""
-    sharded = f"{' / '.join(dtypes)}, {_per_element(total, numel)}{ranks}"
-    once = f"{_dtypes(single)}, {_per_element(single.state_bytes, numel)}"
+    ranks = f" (rank {', '.join(str(rank) for rank, _ in holders)})" if len(holders) < nproc else ""
+    sharded = f"{' / '.join(dtypes)}, {_per_element(total // max(1, len(holders)) if shared else total, held)}{ranks}"
+    sharded = sharded if holders else "no state on any rank"
+    once = f"{_dtypes(single)}, {_per_element(single.state_bytes, 0 if shared else single.numel)}"
     whys = sorted({row.why for _, row in holders if row.why != single.why})
-    why = f"{single.why} -> {' / '.join(whys)}" if whys and single.module_kind != SHARED else ""
-    if dtypes != [_dtypes(single)] and single.name != SHARED_ROW_NAME:
+    why = f"{single.why} -> {' / '.join(whys)}" if whys and not shared else ""
+    if dtypes != [_dtypes(single)] and not shared:
         return Change(single.name, "precision", once, sharded, why)
-    if abs(total - single.state_bytes) >= max(ABSOLUTE_TOLERANCE_BYTES, RELATIVE_TOLERANCE * single.state_bytes):
+    expected = single.state_bytes * (share or 1)
+    if abs(total - expected) >= max(ABSOLUTE_TOLERANCE_BYTES, RELATIVE_TOLERANCE * expected):
         return Change(single.name, "bytes", once, sharded, why)
     return None
 

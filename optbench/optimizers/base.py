@@ -144,8 +144,10 @@ def describe_model(model: Any) -> list[tuple[Param, Any]]:
 
 
 def describe_tensors(params: Iterable[Any]) -> list[tuple[Param, Any]]:
-    """(facts, tensor) for a bare parameter list: shapes and dtypes, no structure."""
-    return [(Param(shape=tuple(p.shape), itemsize=p.element_size(), dtype=dtype_name(p.dtype)), p) for p in params]
+    """(facts, tensor) for a bare parameter list, or param groups (ZeroRedundancyOptimizer hands a rank's share so):
+    shapes and dtypes, no structure."""
+    tensors = [t for item in params for t in (item["params"] if isinstance(item, dict) else [item])]
+    return [(Param(shape=tuple(p.shape), itemsize=p.element_size(), dtype=dtype_name(p.dtype)), p) for p in tensors]
 
 
 def dtype_name(dtype: Any) -> str:
