@@ -129,6 +129,7 @@ def per_rank_markdown(records: list[Record]) -> str:
     weights + grads + state next to a ddp rank's of the same optimizer (the figure sharding is for)."""
     from tabulate import tabulate
 
+    from optbench.report.metrics import sharding_cell
 
     ddp_held = {r.optimizer: _held_bytes(r.per_rank[0]) for r in records
                 if r.parallel == "ddp" and r.status == "ok" and r.per_rank}
@@ -147,20 +148,11 @@ def per_rank_markdown(records: list[Record]) -> str:
                          *(_fmt(rank.get(key), MIB, 2) for key in ("weights_bytes", "grads_bytes", "state_bytes")),
                          _fmt(held, MIB, 2), f"{100 * held / reference:.1f}" if held and reference else "",
                          _fmt(rank.get("peak_rss_growth_bytes"), MIB, 0), _fmt(rank.get("step_time_median_s"), 1e-3, 0),
-                         _fmt(rank.get("eval_accuracy"), 1, 3), _changed(record)])
+                         _fmt(rank.get("eval_accuracy"), 1, 3), sharding_cell(record) or ""])
         if record.status != "ok":
             notes.append(f"- {record.optimizer} under {record.parallel}: {record.status}: {record.error}")
     table = tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
     return table + ("\n\n" + "\n".join(notes) if notes else "") + "\n"
-
-
-def _changed(record: Record) -> str:
-    """The sharding check's count (`--state-map`): parameters whose state precision or bytes per element changed."""
-    changes = record.sharding_state_changes
-    if changes is None:
-        return ""
-    precision = sum(change["kind"] == "precision" for change in changes)
-    return f"{len(changes)} ({precision} precision)" if changes else "none"
 
 
 def _held_bytes(rank: dict[str, Any]) -> int | None:
