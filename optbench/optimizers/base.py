@@ -90,11 +90,6 @@ class Param:
         return len(self.shape) == 2 if self.linear is None else self.linear
 
     @property
-    def module_name(self) -> str:
-        """The name of the module that holds the parameter: its name without the last part."""
-        return self.name.rpartition(".")[0]
-
-    @property
     def role(self) -> str:
         """Why a structural rule treats this parameter as it does: embedding, head, vector, hidden matrix or N-D."""
         if self.embedding:

@@ -33,7 +33,7 @@ def is_target(p: Param, target_modules: str | list[str] | None) -> bool:
         return p.hidden_matrix
     if not p.linear_weight:
         return False
-    name = p.module_name
+    name = p.name.rpartition(".")[0]  # the module that holds it
     if isinstance(target_modules, str):
         return target_modules.replace("_", "-") == "all-linear" or bool(re.fullmatch(target_modules, name))
     return name in target_modules or any(t in name for t in target_modules) or \
