@@ -6,8 +6,11 @@ benchmark then builds, steps and synchronizes on that GPU, CUDA events and libra
 and machine_info names it (not GPU 0 whatever ran).
 
 The workload (MiniLM: ~3 s to build) is built once per session; bitsandbytes (~5 s to import) is
-imported by the registry the first time an 8-bit optimizer is built. Every optimizer of the registry
-becomes a parameter; one whose library is missing here is skipped with the reason.
+imported by the registry the first time an 8-bit optimizer is built. The optimizers (`--optbench-optimizers`):
+`default`, the three default optimizers and the first entry of each other library family
+(`optimizers.representatives()`: the suite grows with the families, not with the entries); `all`, every registry
+entry; or a list of names. One whose library is missing here, or that the benchmark's loop cannot train (LOMO's
+fused backward; an update inside backward has no optimizer.step() to time), is skipped with the reason.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import pytest
 import torch
 from bench_support import SIZES, BenchSize, suite_device, trial_spec
 
-from optbench.optimizers import REGISTRY, OptimizerSpec, UnknownOptimizerError, resolve
+from optbench.optimizers import REGISTRY, OptimizerSpec, UnknownOptimizerError, representatives, resolve
 
 if TYPE_CHECKING:
     from optbench.workloads import Built
@@ -40,8 +43,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help=f"benchmark size: smoke (tiny BERT, CI), default (MiniLM, ~4 min on 2 CPU cores), nightly (GPU); "
              f"default: ${PRESET_ENV} or 'default'")
     parser.getgroup("optbench").addoption(
-        "--optbench-optimizers", default=None, metavar="NAMES",
-        help="comma-separated registry names to benchmark (default: every entry; unavailable ones skip)")
+        "--optbench-optimizers", default="default", metavar="NAMES",
+        help="default: the three default optimizers + one entry per library family (~10 on this CPU); all: every "
+             "registry entry; or comma-separated registry names (unavailable ones skip)")
     parser.getgroup("optbench").addoption(
         "--optbench-device", default=None, metavar="DEVICE",
         help=f"auto, cpu, cuda or cuda:N (default: ${DEVICE_ENV} or 'auto': the current GPU if any, else the CPU)")
@@ -102,18 +106,28 @@ def workload(bench_size: BenchSize, device: torch.device) -> Built:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """Every registry entry (or those of --optbench-optimizers) becomes a parameter of `optimizer_spec`."""
     if "optimizer_spec" in metafunc.fixturenames:
-        chosen = metafunc.config.getoption("--optbench-optimizers")
-        try:
-            names = [resolve(n).name for n in chosen.split(",") if n.strip()] if chosen else list(REGISTRY)
-        except UnknownOptimizerError as exc:
-            raise pytest.UsageError(str(exc)) from None
-        metafunc.parametrize("optimizer_spec", names, ids=names, indirect=True)
+        metafunc.parametrize("optimizer_spec", chosen_names(metafunc.config), ids=str, indirect=True)
+
+
+def chosen_names(config: pytest.Config) -> list[str]:
+    """The registry names `--optbench-optimizers` asks for (default, all, or a comma-separated list)."""
+    chosen = config.getoption("--optbench-optimizers").strip()
+    if chosen.lower() == "default":
+        return representatives()
+    if chosen.lower() == "all":
+        return list(REGISTRY)
+    try:
+        return list(dict.fromkeys(resolve(n).name for n in chosen.split(",") if n.strip()))
+    except UnknownOptimizerError as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 @pytest.fixture
 def optimizer_spec(request: pytest.FixtureRequest) -> OptimizerSpec:
     spec = REGISTRY[request.param]
-    reason = spec.unavailable_reason()
+    reason = spec.unavailable_reason() or spec.runs_under("native")
+    if reason is None and spec.step_in_backward and request.node.name.startswith("test_optimizer_step"):
+        reason = f"its update runs inside backward ({spec.step_in_backward}): no optimizer.step() to time"
     if reason is not None:
         pytest.skip(f"{spec.name} unavailable here: {reason}")
     return spec

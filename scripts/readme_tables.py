@@ -162,6 +162,17 @@ def per_rank(*files: str) -> str:
     return per_rank_markdown(_records(files)).strip()
 
 
+def sharding_table(*files: str) -> str:
+    """The sharding check (`reference-results sharding`): per optimizer and mode, the parameters compared and those
+    whose state changed precision or bytes per element, then each changed parameter."""
+    from optbench.memory.sharding import changes_markdown
+
+    present = [name for name in files if (RESULTS / name).exists()]
+    if not present:
+        return "(not run yet: `scripts/reference-results sharding`)"
+    return changes_markdown(_records(tuple(present))).strip()
+
+
 def errors(*files: str) -> str:
     """The failed rows' messages, one bullet each (what the library said)."""
     lines = [_failed(r) for r in _records(files) if r.status != "ok"]
@@ -352,6 +363,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "precision": lambda: side_by_side("precision.jsonl"),
     "engines": lambda: side_by_side("engines/native.jsonl", "engines/trainer.jsonl", "engines/accelerate.jsonl"),
     "parallel": lambda: per_rank("parallel/ddp.jsonl", "parallel/zero1.jsonl", "parallel/fsdp2.jsonl"),
+    "sharding": lambda: sharding_table("sharding/zero1.jsonl", "sharding/fsdp2.jsonl"),
     "fit": fit_table,
     "predictor-fresh": lambda: predictor_coverage("table"),
     "provenance": provenance_table,

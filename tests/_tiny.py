@@ -37,3 +37,15 @@ def optbench(*args: object, cwd=None, timeout: float = 600) -> subprocess.Comple
     """Run the command line to the end; its output captured."""
     return subprocess.run([sys.executable, "-m", "optbench", *map(str, args)], capture_output=True, text=True,
                           cwd=cwd, env={**os.environ, **OFFLINE}, timeout=timeout)
+
+
+def entry_step(spec, optimizer, loss, lr: float) -> None:
+    """One update from `loss` the way the registry entry trains: LOMO's fused backward (Trainer's training step calls
+    it), a backward whose hooks step each parameter (layer-wise entries: step() has nothing left to do), or
+    backward then optimizer.step()."""
+    if spec.trainer_optim:
+        optimizer.fused_backward(loss, lr)
+        return
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()

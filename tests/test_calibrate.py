@@ -25,7 +25,8 @@ CAL = Calibration(device_kind="cpu", model="made-up-bert", precision="fp32", byt
 TRUTH = Calibration(device_kind="cpu", model="tiny-bert-h64", precision="fp32", bytes_per_token_layer=30_000,
                     bytes_per_s2_layer=20.0, retained_fraction=0.8, overhead_bytes=40 * MIB)
 SHAPES = [("adamw", 4, 32), ("adafactor", 16, 64), ("adamw8bit", 64, 32), ("adamw", 8, 256),
-          ("adafactor", 32, 128), ("adamw8bit", 2, 128), ("adamw", 128, 64), ("adamw", 16, 16), ("sgd", 48, 96)]
+          ("adafactor", 32, 128), ("adamw8bit", 2, 128), ("adamw", 128, 64), ("adamw", 16, 16),
+          ("sgd_momentum", 48, 96)]
 
 
 def synthetic(shapes, truth=TRUTH, errors=None):
@@ -160,7 +161,7 @@ def test_calibrate_main_end_to_end_writes_the_users_file_and_never_the_package(t
     shipped_before = {p.name: p.read_bytes() for p in shipped_dir.iterdir()}
     fit_on = _write(tmp_path / "fit.jsonl", synthetic(SHAPES))
     held = [dataclasses.replace(r, trial_id=f"h{i}") for i, r in enumerate(synthetic(
-        [("adamw", 12, 48), ("adafactor", 6, 96), ("adamw8bit", 24, 64), ("sgd", 3, 200)],
+        [("adamw", 12, 48), ("adafactor", 6, 96), ("adamw8bit", 24, 64), ("sgd_momentum", 3, 200)],
         errors=[0.05, -0.1, 0.0, 0.02]))]
     held.append(dataclasses.replace(held[0], trial_id="failed", status="oom"))
     held_out = _write(tmp_path / "held.jsonl", held)

@@ -24,9 +24,16 @@ def in_group(spec: TrialSpec):
 
 
 @pytest.fixture(scope="module")
-def adamw():
-    """Each mode once, with the resume check (a checkpoint through torch.distributed.checkpoint at step 2)."""
-    return {mode: in_group(TrialSpec(optimizer="adamw", parallel=mode, resume_check=True, **TINY)) for mode in MODES}
+def state_maps(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("state-maps"))
+
+
+@pytest.fixture(scope="module")
+def adamw(state_maps):
+    """Each mode once, with the resume check (a checkpoint through torch.distributed.checkpoint at step 2) and the
+    sharding check (--state-map)."""
+    return {mode: in_group(TrialSpec(optimizer="adamw", parallel=mode, resume_check=True, state_map_dir=state_maps,
+                                     **TINY)) for mode in MODES}
 
 
 def largest_tensor_state_bytes(record) -> int:
@@ -139,3 +146,34 @@ def test_per_rank_table_compares_each_rank_with_a_ddp_rank(adamw):
     share = {(cells[1].strip(), cells[2].strip()): float(cells[8]) for cells in rows}
     assert share[("ddp x2", "0")] == share[("ddp x2", "1")] == 100.0
     assert share[("fsdp2 x2", "0")] == pytest.approx(50, abs=1)
+
+
+def _changes(record):
+    return [(c["name"], c["kind"], c["single"], c["sharded"]) for c in record.sharding_state_changes]
+
+
+def _predicted(optimizer, mode):
+    from optbench.memory import sharding
+
+    return [(c.name, c.kind, c.single, c.sharded) for c in sharding.predict(optimizer, mode, 2, workload="tiny")[2]]
+
+
+def test_the_sharding_check_finds_no_change_for_adamw_and_writes_each_ranks_map(adamw, state_maps):
+    from optbench.workloads import get_workload
+
+    tensors = len(list(get_workload("tiny").build(TrialSpec(optimizer="adamw", **TINY)).model.parameters()))
+    for mode, record in adamw.items():
+        assert (record.sharding_state_changes, record.sharding_checked_params) == ([], tensors), mode
+    assert {path.name.rsplit("-", 1)[1] for path in Path(state_maps).iterdir()} == {"rank0.csv", "rank1.csv"}
+
+
+@pytest.mark.parametrize("optimizer,mode", [("adamw8bit_torchao", "fsdp2"), ("adamw8bit_hf", "zero1")])
+def test_the_measured_sharding_changes_are_the_predicted_ones(optimizer, mode, state_maps, monkeypatch):
+    """torchao under FSDP2 quantises by each rank's shard; ZeRO-1 loses HF's fp32 embeddings: both measured in real
+    torchrun groups, both exactly what `explain --parallel` predicts without training."""
+    if not optimizers.resolve(optimizer).available:
+        pytest.skip(f"{optimizer}: {optimizers.resolve(optimizer).unavailable_reason()}")
+    monkeypatch.setenv("TORCHDYNAMO_DISABLE", "1")  # torchao's update eagerly: the same state, no compile time
+    record = in_group(TrialSpec(optimizer=optimizer, parallel=mode, state_map_dir=state_maps, **TINY))
+    assert record.status == "ok", record.error
+    assert _changes(record) == _predicted(optimizer, mode) != []

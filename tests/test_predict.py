@@ -34,7 +34,7 @@ def temporaries(name, device="cpu", params=PARAMS, **kwargs):
 @pytest.mark.parametrize("name,device,expected", [
     ("adamw", "cpu", 2 * 4 * EMBEDDING.numel),  # per-tensor loop: sqrt(v) and its quotient, largest tensor
     ("adamw", "cuda", WEIGHTS),  # foreach: one param-sized result list
-    ("adamw_fused", "cpu", 0), ("adamw_fused", "cuda", 0), ("sgd", "cpu", 0),
+    ("adamw_fused", "cpu", 0), ("adamw_fused", "cuda", 0), ("sgd_momentum", "cpu", 0),
     ("adafactor", "cpu", 2 * 4 * EMBEDDING.numel), ("adafactor", "cuda", 2 * 4 * EMBEDDING.numel),
     ("adamw8bit", "cpu", 5 * 4 * EMBEDDING.numel),  # both moments dequantised + gradient copy + sqrt + quotient
     ("adamw8bit", "cuda", 0),  # fused kernels

@@ -62,7 +62,7 @@ def test_a_gpu_folder_renders_its_own_section(tmp_path):
             append_record(gpu / name, record)
     text = gpu_section(tmp_path)
     assert text.startswith("#### `results/nvidia-h200/`: NVIDIA H200, driver 580.159.04, torch ")
-    assert text.count("| optimizer ") == 2 and text.count("roofline %") >= 3 and "galore_adamw " in text
+    assert text.count("| optimizer ") == 2 and text.count("roofline %") >= 3 and "galore_adamw_r8 " in text
     assert f"`{HOST_SYNCED}`: bitsandbytes synchronises the GPU after every parameter" in text
 
 

@@ -1,5 +1,9 @@
 """The registry on the command line: `list`, `--optimizers all` and `--optimizer-kwargs`."""
 
+import csv
+import io
+import re
+
 import pytest
 from _tiny import optbench
 
@@ -9,19 +13,35 @@ from optbench.job import planner
 from optbench.job.spec import PRESETS
 
 
-def test_list_shows_every_entry_with_alias_lr_range_install_and_availability(capsys):
+def test_list_fits_120_columns_and_names_each_reason_below_the_table(capsys):
     assert cli.main(["list"]) == 0
     out = capsys.readouterr().out
-    rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| ")}
-    assert set(optimizers.REGISTRY) <= set(rows)
+    assert max(len(line) for line in out.splitlines()) <= 120
+    rows = {line.split()[0]: line for line in out.splitlines()[2:2 + len(optimizers.REGISTRY)]}
+    assert list(rows) == list(optimizers.REGISTRY)
+    below = out[out.index("why not here:"):]
     for spec in optimizers.REGISTRY.values():
-        row = rows[spec.name]
-        assert (spec.hf_alias or "-") in row and spec.precision in row
-        assert f"{spec.lr_range[0]:g}-{spec.lr_range[1]:g}" in row
-        assert (f"optbench[{spec.extra}]" if spec.extra else "core") in row
-        reason = spec.unavailable_reason()
-        assert ("| yes" in row) if reason is None else (f"no: {reason}" in row)
-    assert "adamw8bit vs adamw8bit_hf" in out
+        row, reason = rows[spec.name], spec.unavailable_reason()
+        assert row.endswith(" yes") if reason is None else re.search(r" no \[(\d+)\]$", row)
+        if reason is not None:
+            number = re.search(r" no \[(\d+)\]$", row).group(1)
+            assert " ".join(below.split()).count(f"[{number}] {reason}") == 1
+    assert "HF Trainer optim names (transformers" in out and "adamw8bit vs adamw8bit_hf" in out
+
+
+def test_list_markdown_and_csv_hold_every_column_of_every_entry(capsys):
+    assert cli.main(["list", "--format", "csv"]) == 0
+    table = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert [row["optimizer"] for row in table] == list(optimizers.REGISTRY)
+    for row in table:
+        spec = optimizers.REGISTRY[row["optimizer"]]
+        assert (row["hf_optim"], row["precision"], row["why_not_here"]) == (
+            spec.hf_alias, spec.precision, spec.unavailable_reason() or "")
+        assert row["lr_range"] == f"{spec.lr_range[0]:g}-{spec.lr_range[1]:g}"
+        assert row["install"] == (f"optbench[{spec.extra}]" if spec.extra else "core")
+    assert cli.main(["list", "--format", "markdown"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("| optimizer") and len(lines) == 2 + len(optimizers.REGISTRY)
 
 
 @pytest.fixture
@@ -31,21 +51,25 @@ def planned():
     def plan(*args):
         parsed = cli.build_parser().parse_args(["run", "--workload", "tiny", "--device", "cpu", "--seeds", "0",
                                               *args])
-        return planner.plan_run(vars(parsed), PRESETS[parsed.preset], parsed.optimizers, parsed.seeds).specs
+        return planner.plan_run(vars(parsed), PRESETS[parsed.preset], parsed.optimizers, parsed.seeds)
 
     return plan
 
 
-def test_optimizers_all_plans_every_available_entry(planned):
-    specs = planned("--optimizers", "all")
-    assert [s.optimizer for s in specs] == optimizers.available_names()
+def test_optimizers_all_plans_every_available_entry_and_skips_what_the_loop_cannot_train(planned):
+    plan = planned("--optimizers", "all")
+    runnable = [name for name in optimizers.available_names() if optimizers.resolve(name).runs_under("native") is None]
+    assert [s.optimizer for s in plan.specs] == runnable
     assert "adam_mini" not in optimizers.available_names()  # unavailable entries are left out of `all`
+    assert [(s.optimizer, why) for s, why in plan.unavailable] == [
+        ("lomo", "lomo updates the weights inside Trainer's backward (fused_backward: SGD applied in each parameter's "
+                 "gradient hook): run it with --engine trainer, single-process")]
 
 
 def test_optimizer_kwargs_reach_their_trials_only_and_change_the_trial_id(planned):
-    plain = {s.optimizer: s for s in planned("--optimizers", "adamw,adamw8bit")}
+    plain = {s.optimizer: s for s in planned("--optimizers", "adamw,adamw8bit").specs}
     tuned = {s.optimizer: s for s in planned("--optimizers", "adamw,adamw8bit", "--optimizer-kwargs",
-                                             'adamw8bit={"betas": [0.9, 0.95]}')}
+                                             'adamw8bit={"betas": [0.9, 0.95]}').specs}
     assert tuned["adamw8bit"].optimizer_kwargs == {"betas": (0.9, 0.95)}
     assert tuned["adamw"].optimizer_kwargs == {}
     assert tuned["adamw8bit"].trial_id != plain["adamw8bit"].trial_id
@@ -88,3 +112,12 @@ def test_only_the_known_messages_are_filtered(caplog):
             "%s is an Enum subclass and is now natively supported by torch.compile as an opaque value type.",
             "<enum 'KernelPreference'>")
     assert [r.getMessage() for r in caplog.records] == ["Failed to load the quantization config"]
+
+
+def test_an_update_inside_backward_is_skipped_under_parallel_and_lomo_runs_under_trainer(planned):
+    plan = planned("--optimizers", "galore_adamw_layerwise,lomo", "--parallel", "ddp")
+    reasons = {spec.optimizer: why for spec, why in plan.unavailable}
+    assert not plan.specs and "single-process only" in reasons["galore_adamw_layerwise"]
+    assert "--engine trainer" in reasons["lomo"]
+    assert [s.optimizer for s in planned("--optimizers", "lomo,galore_adamw_layerwise", "--engine", "trainer").specs] \
+        == ["lomo", "galore_adamw_layerwise"]

@@ -39,11 +39,19 @@ def _train(s, steps, seed):
     return losses
 
 
+# GrokAdamW 0.1.2 keeps its moments in `param_groups[i]["state"]`, keyed by the parameter tensors: state_dict() pickles
+# them keyed by the old tensors, and a fresh optimizer never finds them under its own, so a resumed run restarts its
+# moments. The resume check is there to catch exactly this; the test holds it to finding it.
+NOT_RESUMABLE = {"grokadamw"}
+
+
 @pytest.mark.parametrize("entry", list(optimizers.REGISTRY.values()), ids=lambda e: e.name)
 def test_every_entry_saves_and_resumes_to_the_same_parameters(entry, monkeypatch):
     reason = entry.unavailable_reason()
     if reason is not None:
         pytest.skip(f"{entry.name} is unavailable here: {reason}")
+    if entry.step_in_backward:  # this loop calls optimizer.step(); those entries update inside backward
+        pytest.skip(f"{entry.name} updates inside backward: not this loop's (the planner runs it under Trainer only)")
     if entry.library == "torchao":  # the same state tensors, without tens of seconds of compilation
         monkeypatch.setattr(torch, "compile", lambda fn, **_: fn)
     torch.manual_seed(0)
@@ -63,8 +71,8 @@ def test_every_entry_saves_and_resumes_to_the_same_parameters(entry, monkeypatch
     resumed = _train(fresh, 2, seed=1)
     record = Record()
     resume.compare(record, resume._params(s.model), resume._params(fresh.model), reference[-1], resumed[-1])
-    assert record.resume_status in ("exact", "close"), (record.resume_max_abs_param_diff,
-                                                        record.resume_final_loss_diff)
+    expected = ("diverged",) if entry.name in NOT_RESUMABLE else ("exact", "close")
+    assert record.resume_status in expected, (record.resume_max_abs_param_diff, record.resume_final_loss_diff)
 
 
 @pytest.mark.parametrize("name", [n for n in ("adamw", "adamw8bit", "adamw_schedulefree")
@@ -141,10 +149,10 @@ def test_a_weights_only_refusal_is_reported_by_the_class_it_refused():
     assert "Projector" in message and "\x1b" not in message and len(message) <= 300
 
 
-@pytest.mark.skipif(not optimizers.resolve("galore_adamw").available, reason="galore-torch is not installed")
+@pytest.mark.skipif(not optimizers.resolve("galore_adamw_r8").available, reason="galore-torch is not installed")
 def test_under_trainer_galores_projector_state_cannot_be_loaded_weights_only():
     """Trainer loads optimizer.pt with weights_only=True; GaLore keeps projector objects in its state."""
-    record = run_trial(TrialSpec(optimizer="galore_adamw", resume_check=True, engine="trainer",
+    record = run_trial(TrialSpec(optimizer="galore_adamw_r8", resume_check=True, engine="trainer",
                                  **{**TINY, "steps": 4}))
     assert record.status == "ok" and record.checkpoint_bytes > 0
     assert record.resume_status.startswith("error: UnpicklingError: WeightsUnpickler error: Unsupported global")

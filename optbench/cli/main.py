@@ -13,7 +13,7 @@ import signal
 import sys
 from typing import NoReturn
 
-from optbench.cli import bandwidth, nightly, report, run, sizing, study
+from optbench.cli import bandwidth, listing, nightly, report, run, sizing, study
 from optbench.cli.options import UsageError, build_parser
 from optbench.job.planner import PlanError
 from optbench.optimizers.noise import filter_known_noise
@@ -22,7 +22,7 @@ from optbench.sweep.runner import ResultsWriteError
 
 COMMANDS = {"run": run.run_command, "study": study.study_command, "report": report.report_command,
             "compare": report.compare_command, "nightly": nightly.nightly_command,
-            "calibrate-bandwidth": bandwidth.calibrate_bandwidth_command, **sizing.COMMANDS}
+            "calibrate-bandwidth": bandwidth.calibrate_bandwidth_command, **listing.COMMANDS, **sizing.COMMANDS}
 
 
 class Terminated(KeyboardInterrupt):

@@ -234,7 +234,10 @@ def build_parser() -> argparse.ArgumentParser:
     study.add_argument("--tune-search", choices=["walk", "grid"],
                        help="walk: from the default lr, up then down while within the noise of the best (default); "
                             "grid: every point, all at once (parallel jobs, a full lr-sensitivity curve)")
-    commands.add_parser("list", help="registered optimizers: availability, precision, state bytes/param")
+    listing = commands.add_parser("list", help="registered optimizers: availability, precision, state bytes/param")
+    listing.add_argument("--format", choices=["text", "markdown", "csv"], default="text",
+                         help="text: a table that fits 120 columns, the reasons below it (default); markdown or csv: "
+                              "every column, each entry's names, lr range, reason and description")
     _add_report_parser(commands)
     _add_compare_parsers(commands)
     _add_memory_parsers(commands)
@@ -343,3 +346,7 @@ def _add_memory_parsers(commands) -> None:
     explain.add_argument("optimizer", help="registry name or HF Trainer alias")
     explain.add_argument("--workload", help="whose model: minilm (default) or lm")
     explain.add_argument("--model", help="local model folder or HF id (read offline from its config)")
+    explain.add_argument("--parallel", choices=("none", *PARALLEL_MODES), default="none",
+                         help="also each rank's state under this mode and every parameter whose state precision or "
+                              "bytes per element differ from one process (predicted, no training)")
+    explain.add_argument("--nproc", type=positive_int, default=2, help="ranks for --parallel (default 2)")

@@ -1,7 +1,7 @@
-"""The commands that answer before any training: `list` (the registry), `estimate` (weights + grads + state),
-`recommend` (what fits a budget, best trade-offs first), `explain` (where an optimizer's state bytes go) and
-`fit` (the largest batch each optimizer fits in a budget, predicted then confirmed). Each parses nothing itself:
-it takes the parsed arguments, calls the module that knows, prints, and returns the exit status."""
+"""The commands that answer before any training (`list`, the registry, is cli/listing.py): `estimate` (weights +
+grads + state), `recommend` (what fits a budget, best trade-offs first), `explain` (where an optimizer's state
+bytes go) and `fit` (the largest batch each optimizer fits in a budget, predicted then confirmed). Each parses
+nothing itself: it takes the parsed arguments, calls the module that knows, prints, and returns the exit status."""
 
 from __future__ import annotations
 
@@ -52,30 +52,17 @@ def recommend_command(args: argparse.Namespace) -> int:
 
 
 def explain_command(args: argparse.Namespace) -> int:
-    from optbench.memory import statemap
+    """The state map; with --parallel, each rank's state and what sharding changes (or why that cannot be told)."""
+    from optbench.memory import sharding, statemap
 
+    if args.nproc != 2 and args.parallel == "none":
+        raise UsageError("--nproc needs a --parallel mode (ddp, zero1 or fsdp2)")
     try:
         print(statemap.explain(args.optimizer, workload=args.workload, model=args.model))
+        if args.parallel != "none":
+            print("\n" + sharding.explain(args.optimizer, args.parallel, args.nproc, args.workload, args.model))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    return EXIT_OK
-
-
-def list_command(_: argparse.Namespace) -> int:
-    from tabulate import tabulate
-
-    from optbench import optimizers
-
-    rows = []
-    for spec in optimizers.REGISTRY.values():
-        reason = spec.unavailable_reason()
-        low, high = spec.lr_range
-        rows.append([spec.name, spec.hf_alias or "-", spec.precision, f"{spec.nominal_bytes_per_param:.3f}",
-                     f"{spec.default_lr:g}", f"{low:g}-{high:g}", f'optbench[{spec.extra}]' if spec.extra else "core",
-                     "yes" if reason is None else f"no: {reason}"])
-    print(tabulate(rows, headers=["optimizer", "HF optim", "precision", "state B/param (1024x1024 fp32)",
-                                  "default lr", "lr range", "install", "available here"], tablefmt="github"))
-    print("\n" + optimizers.LIST_NOTES)
     return EXIT_OK
 
 
@@ -105,5 +92,5 @@ def fit_command(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-COMMANDS = {"list": list_command, "estimate": estimate_command, "recommend": recommend_command,
+COMMANDS = {"estimate": estimate_command, "recommend": recommend_command,
             "explain": explain_command, "fit": fit_command}

@@ -131,10 +131,12 @@ def plan_run(flags: Mapping[str, Any], preset: Preset, names: Sequence[str], see
 
 
 def split_unavailable(specs: Sequence[TrialSpec]) -> Plan:
-    """The one availability policy: what cannot run here is recorded `skipped` with its reason, the rest runs."""
+    """The one availability policy: what cannot run here, or not in this job's loop (LOMO outside Trainer, an update
+    inside backward under --parallel), is recorded `skipped` with its reason; the rest runs."""
     runnable, unavailable = [], []
     for spec in specs:
-        reason = optimizers.resolve(spec.optimizer).unavailable_reason()
+        entry = optimizers.resolve(spec.optimizer)
+        reason = entry.unavailable_reason() or entry.runs_under(spec.engine, spec.parallel, spec.fidelity)
         if reason is None:
             runnable.append(spec)
         else:

@@ -143,7 +143,7 @@ _TEMPORARY_RULES: dict[str, tuple[tuple[Any, ...], tuple[Any, ...]]] = {
     "adamw": (("largest", 2, "param"), ("all", 1)),
     "adamw_fused": (("none",), ("none",)),
     "adamw_schedulefree": (("largest", 2, "param"), ("all", 1)),
-    "sgd": (("none",), ("none",)),  # momentum buffer updated in place (it is state, counted there)
+    "sgd_momentum": (("none",), ("none",)),  # momentum buffer updated in place (it is state, counted there)
     # Adafactor: grad² + eps and the factored estimate's outer product, then -update: two at a time, fp32.
     "adafactor": (("largest", 2, "fp32"), ("largest", 2, "fp32")),
     "adafactor_momentum": (("largest", 2, "fp32"), ("largest", 2, "fp32")),

@@ -11,8 +11,10 @@ makes an entry unavailable with a reason instead of breaking the import. `noise.
 optional libraries' known-harmless import notices out of a user's output.
 
 Adding an optimizer: one `OptimizerSpec` in the module of its library family, listed in that module's
-entries; the registry-parametrised tests then check its state byte for byte. May import: nothing else of
-optbench.
+entries; the registry-parametrised tests then check its state byte for byte. An entry under an HF Trainer `optim`
+name (its `hf_alias`) must build exactly what Trainer builds (optimizers/hf.py; tests/test_registry_hf.py checks),
+and every name of transformers' `OptimizerNames` has one (runnable here, or with the reason it is not).
+May import: nothing else of optbench.
 """
 
 from optbench.optimizers.base import (
@@ -35,11 +37,12 @@ from optbench.optimizers.registry import (
     REGISTRY,
     available_names,
     parse_optimizer_kwargs,
+    representatives,
     resolve,
 )
 
 __all__ = [
     "DEFAULT_OPTIMIZERS", "FP32_BYTES", "LIST_NOTES", "NOMINAL_SHAPE", "REGISTRY", "AnalyticState", "Count",
     "OptimizerSpec", "Param", "ParamState", "Shape", "StateMap", "UnknownOptimizerError", "available_names",
-    "describe_model", "factored_numel", "parse_optimizer_kwargs", "resolve",
+    "describe_model", "factored_numel", "parse_optimizer_kwargs", "representatives", "resolve",
 ]

@@ -59,6 +59,8 @@ class Param:
     embedding: bool = False  # the weight of an nn.Embedding
     head: bool = False  # part of the output head (see HEAD_MODULE_NAMES) or the output embeddings
     dtype: str = ""  # torch's dtype name without "torch."; "" when only the itemsize is known
+    linear: bool | None = None  # the weight of an nn.Linear; None when only the shape is known
+    layer_norm: bool = False  # a parameter of an nn.LayerNorm (HF Trainer never decays those)
 
     @classmethod
     def from_shape(cls, shape: Shape) -> Param:
@@ -81,6 +83,11 @@ class Param:
     def hidden_matrix(self) -> bool:
         """A 2-D weight inside the model body: what Muon orthogonalises and GaLore projects."""
         return len(self.shape) == 2 and not self.embedding and not self.head
+
+    @property
+    def linear_weight(self) -> bool:
+        """The weight of an nn.Linear (what HF's `optim_target_modules` selects); from the shape alone, any 2-D."""
+        return len(self.shape) == 2 if self.linear is None else self.linear
 
     @property
     def role(self) -> str:
@@ -113,6 +120,8 @@ def describe_model(model: Any) -> list[tuple[Param, Any]]:
     import torch
 
     embedding_ids = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+    linear_ids = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Linear)}
+    norm_ids = {id(p) for m in model.modules() if isinstance(m, torch.nn.LayerNorm) for p in m.parameters()}
     head_ids: set[int] = set()
     output_embeddings = getattr(model, "get_output_embeddings", lambda: None)()
     if output_embeddings is not None:
@@ -123,14 +132,17 @@ def describe_model(model: Any) -> list[tuple[Param, Any]]:
             continue
         head = id(tensor) in head_ids or name.split(".")[0] in HEAD_MODULE_NAMES
         facts = Param(shape=tuple(tensor.shape), itemsize=tensor.element_size(), name=name,
-                      embedding=id(tensor) in embedding_ids, head=head, dtype=dtype_name(tensor.dtype))
+                      embedding=id(tensor) in embedding_ids, head=head, dtype=dtype_name(tensor.dtype),
+                      linear=id(tensor) in linear_ids, layer_norm=id(tensor) in norm_ids)
         pairs.append((facts, tensor))
     return pairs
 
 
 def describe_tensors(params: Iterable[Any]) -> list[tuple[Param, Any]]:
-    """(facts, tensor) for a bare parameter list: shapes and dtypes, no structure."""
-    return [(Param(shape=tuple(p.shape), itemsize=p.element_size(), dtype=dtype_name(p.dtype)), p) for p in params]
+    """(facts, tensor) for a bare parameter list, or param groups (ZeroRedundancyOptimizer hands a rank's share so):
+    shapes and dtypes, no structure."""
+    tensors = [t for item in params for t in (item["params"] if isinstance(item, dict) else [item])]
+    return [(Param(shape=tuple(p.shape), itemsize=p.element_size(), dtype=dtype_name(p.dtype)), p) for p in tensors]
 
 
 def dtype_name(dtype: Any) -> str:
@@ -272,6 +284,16 @@ class OptimizerSpec:
     structural: bool = False
     needs_cuda: str = ""  # why it cannot run without CUDA ("" when it can)
     broken: str = ""  # why it cannot run here at all, found by running it ("" when it can)
+    missing_reason: str = ""  # why the library is missing when no extra brings it (XLA, NPU, not on PyPI)
+    # Why the update runs inside backward (per-parameter hooks: layer-wise GaLore/APOLLO, LOMO); "" when
+    # optimizer.step() does it. Such an entry has no step to time apart and cannot wait for the ranks' gradients.
+    step_in_backward: str = ""
+    # The `optim` Trainer must be told so that its training step drives this optimizer (LOMO's fused backward,
+    # which takes the learning rate): such an entry trains only under the trainer engine.
+    trainer_optim: str = ""
+    # How it treats FSDP2's sharded (DTensor) parameters: "local" (state by the rule applied to each rank's local
+    # shard), why it cannot step them, or "" when not known (optbench.memory.sharding predicts from this).
+    fsdp2: str = ""
     paging: Callable[[Any], tuple[bool | None, str | None]] = _no_paging
     before_eval: Callable[[Any], None] = _no_hook
     after_eval: Callable[[Any], None] = _no_hook
@@ -280,6 +302,8 @@ class OptimizerSpec:
     def unavailable_reason(self) -> str | None:
         """None when the entry can be built here, else why not."""
         if importlib.util.find_spec(self.library) is None:
+            if self.missing_reason:
+                return self.missing_reason
             return f"needs `pip install \"optbench[{self.extra}]\"`" if self.extra else f"needs {self.library}"
         if self.needs_cuda:
             import torch
@@ -291,6 +315,18 @@ class OptimizerSpec:
     @property
     def available(self) -> bool:
         return self.unavailable_reason() is None
+
+    def runs_under(self, engine: str, parallel: str = "none", fidelity: bool = False) -> str | None:
+        """None when a trial with this engine and parallel mode can train the entry, else why not (one line)."""
+        if self.trainer_optim and (engine != "trainer" or parallel != "none"):
+            return (f"{self.name} updates the weights inside Trainer's backward ({self.step_in_backward}): "
+                    "run it with --engine trainer, single-process")
+        if self.step_in_backward and parallel != "none":
+            return (f"{self.name} steps each parameter inside backward ({self.step_in_backward}), before the ranks "
+                    "average their gradients: single-process only")
+        if self.step_in_backward and fidelity:
+            return f"{self.name} has no optimizer.step() apart from backward for --fidelity to compare"
+        return None
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -327,7 +363,8 @@ class OptimizerSpec:
         """Facts for each trainable parameter of `model`, names included; structural flags only for structural
         entries, whose build sees the structure (the others are built from bare tensors)."""
         facts = [facts for facts, _ in describe_model(model)]
-        return facts if self.structural else [replace(p, embedding=False, head=False) for p in facts]
+        bare = dict(embedding=False, head=False, linear=None, layer_norm=False)
+        return facts if self.structural else [replace(p, **bare) for p in facts]
 
     def analytic_map_for(self, model: Any, **kwargs: Any) -> StateMap:
         """The state map for `model` as `build_for(model, **kwargs)` would optimise it."""

@@ -13,6 +13,11 @@ the weight of every nn.Embedding with bitsandbytes' GlobalOptimManager: embeddin
 reach every later bitsandbytes optimizer over the same tensors, so every optimizer built here gets a
 private manager instead: overrides never leak between optimizers, and an override someone else put in
 the global one (a Trainer in the same process) never reaches ours.
+
+HF's names (`paged_adamw_8bit`, `lion_8bit`, `rmsprop_bnb`, `ademamix`, ...) build bitsandbytes' AdamW, Lion,
+RMSprop or AdEMAMix class with `optim_bits` and `is_paged` and Trainer's settings (optimizers/hf.py), the 8-bit ones
+with the embedding override: `_hf_entry`. On a CPU build bitsandbytes keeps paged AdamW and Lion state in ordinary
+tensors; its paged AdEMAMix asks for CUDA managed memory and fails, so those two names need CUDA.
 """
 
 from __future__ import annotations
@@ -21,14 +26,24 @@ import logging
 import math
 from typing import Any
 
-from optbench.optimizers.base import FP32, FP32_BYTES, OptimizerSpec, Param, ParamState, full_moments, param_state
-from optbench.optimizers.torch_optim import ADAMW_LR_RANGE
+from optbench.optimizers.base import (
+    FP32,
+    FP32_BYTES,
+    OptimizerSpec,
+    Param,
+    ParamState,
+    full_moments,
+    param_state,
+)
+from optbench.optimizers.hf import HF_ADAM, HF_WEIGHT_DECAY
+from optbench.optimizers.torch_optim import ADAMW_LR_RANGE, RMSPROP_LR
 
 BNB_MIN_8BIT_NUMEL = 4096
 BNB_BLOCK_SIZE = 256
 BNB_QMAP_BYTES = 256 * FP32_BYTES
 # bitsandbytes pages (CUDA unified memory) only state tensors of at least this many elements.
 BNB_MIN_PAGED_NUMEL = 100_000
+LION_LR = dict(default_lr=1e-5, lr_range=(2e-6, 1e-4))  # sign updates: ~3-10x below AdamW's lr
 
 
 def bnb_rule(moments: int, bits8: bool, embeddings_fp32: bool = False):
@@ -84,14 +99,19 @@ def _factory(class_name: str):
     return make
 
 
-def _make_adamw8bit_hf(pairs: list[tuple[Param, Any]], lr: float, **kwargs: Any) -> Any:
-    """bitsandbytes AdamW with optim_bits=8 and every nn.Embedding weight overridden to 32-bit state, as
-    transformers' Trainer.create_optimizer does for `adamw_bnb_8bit` / `adamw_8bit`."""
-    optimizer = _factory("AdamW")([t for _, t in pairs], lr=lr, **kwargs)
-    for facts, tensor in pairs:
-        if facts.embedding:
-            optimizer.mng.override_config(tensor, key_value_dict={"optim_bits": 32})
-    return optimizer
+def _trainer_factory(class_name: str):
+    """bitsandbytes' `class_name` built as transformers' Trainer.create_optimizer builds it: with `optim_bits=8`,
+    every nn.Embedding weight is overridden to 32-bit state."""
+
+    def make(pairs: list[tuple[Param, Any]], lr: float, **kwargs: Any) -> Any:
+        optimizer = _factory(class_name)([t for _, t in pairs], lr=lr, **kwargs)
+        if kwargs.get("optim_bits") == 8:
+            for facts, tensor in pairs:
+                if facts.embedding:
+                    optimizer.mng.override_config(tensor, key_value_dict={"optim_bits": 32})
+        return optimizer
+
+    return make
 
 
 def _paging(optimizer: Any) -> tuple[bool | None, str | None]:
@@ -107,8 +127,12 @@ def _paging(optimizer: Any) -> tuple[bool | None, str | None]:
     return False, f"no parameter has {BNB_MIN_PAGED_NUMEL:,} elements, the least bitsandbytes pages"
 
 
+NO_DTENSOR = ("bitsandbytes' update kernels take no DTensor parameters (8-bit: 'got mixed torch.Tensor and DTensor'; "
+              "32-bit: 'no sharding strategy registered')")
+
+
 def _entry(name: str, class_name: str, moments: int, bits8: bool, **fields: Any) -> OptimizerSpec:
-    defaults = dict(default_lr=5e-5, lr_range=ADAMW_LR_RANGE)
+    defaults = dict(default_lr=5e-5, lr_range=ADAMW_LR_RANGE, fsdp2=NO_DTENSOR)
     return OptimizerSpec(
         name=name, factory=_factory(class_name), library="bitsandbytes",
         precision="int8-blockwise" if bits8 else "fp32", rule=bnb_rule(moments, bits8), shared=bnb_shared(moments),
@@ -116,33 +140,68 @@ def _entry(name: str, class_name: str, moments: int, bits8: bool, **fields: Any)
     )
 
 
-# HF's names for the 8-bit ones other than AdamW (paged_adamw_8bit, lion_8bit, ademamix_8bit,
-# rmsprop_bnb_8bit) also keep embeddings 32-bit, so they are not aliases of these pure entries.
-LION_LR = dict(default_lr=1e-5, lr_range=(2e-6, 1e-4))  # sign updates: ~3-10x below AdamW's lr
+# What Trainer passes besides lr and the bits, per class (TrainingArguments' defaults; RMSprop gets optim_args only).
+_TRAINER_KWARGS = {
+    "AdamW": dict(HF_ADAM),
+    "Lion": {"betas": (0.9, 0.999), "weight_decay": HF_WEIGHT_DECAY},  # Trainer hands Lion Adam's betas
+    "RMSprop": {"weight_decay": HF_WEIGHT_DECAY},
+    "AdEMAMix": {"betas": (0.9, 0.999, 0.9999), "alpha": 5.0, "eps": 1e-8, "weight_decay": HF_WEIGHT_DECAY},
+}
+_MOMENTS = {"AdamW": 2, "Lion": 1, "RMSprop": 1, "AdEMAMix": 3}
+PAGED_ADEMAMIX_CPU = ("needs CUDA: bitsandbytes' paged AdEMAMix asks for CUDA managed memory on a CPU build too "
+                      "(cget_managed_ptr), where paged AdamW and Lion fall back to ordinary tensors")
+
+
+def _hf_entry(name: str, class_name: str, bits: int, paged: bool, **fields: Any) -> OptimizerSpec:
+    """HF Trainer's `optim=name`: bitsandbytes' `class_name` with `optim_bits=bits`, `is_paged=paged` (RMSprop takes
+    no is_paged), Trainer's settings, and for 8 bits the embedding override."""
+    moments, bits8 = _MOMENTS[class_name], bits == 8
+    settings = {**_TRAINER_KWARGS[class_name], "optim_bits": bits, **({} if class_name == "RMSprop" else
+                                                                      {"is_paged": paged})}
+    lr = LION_LR if class_name == "Lion" else RMSPROP_LR if class_name == "RMSprop" else {}
+    base = dict(hf_alias=name, **{"default_lr": 5e-5, "lr_range": ADAMW_LR_RANGE, **lr}, fsdp2=NO_DTENSOR,
+                **({"paging": _paging} if paged else {}),
+                description=f"HF optim={name}: bitsandbytes {class_name}(optim_bits={bits}"
+                            f"{', is_paged=True' if paged else ''})" + (", nn.Embedding weights fp32" if bits8 else ""))
+    return OptimizerSpec(
+        name=name, factory=_trainer_factory(class_name), structural=True, library="bitsandbytes",
+        precision="int8-blockwise, fp32 embeddings" if bits8 else "fp32",
+        rule=bnb_rule(moments, bits8, embeddings_fp32=True), shared=bnb_shared(moments), default_kwargs=settings,
+        **{**base, **fields},
+    )
+
+
+# HF's names for the 8-bit ones other than AdamW (paged_adamw_8bit, lion_8bit, ademamix_8bit, rmsprop_bnb_8bit)
+# also keep embeddings 32-bit, so they are not aliases of these pure entries.
 BNB_ENTRIES = [
     _entry("adamw8bit", "AdamW8bit", 2, True,
            description="bitsandbytes AdamW8bit as the library ships it: uint8 moments for every tensor "
                        ">= 4096 elements, embeddings included"),
-    OptimizerSpec(
-        name="adamw8bit_hf", hf_alias="adamw_bnb_8bit", aliases=("adamw_8bit",), factory=_make_adamw8bit_hf,
-        structural=True, library="bitsandbytes", default_lr=5e-5, lr_range=ADAMW_LR_RANGE,
-        precision="int8-blockwise, fp32 embeddings", rule=bnb_rule(2, True, embeddings_fp32=True),
-        shared=bnb_shared(2),
-        # TrainingArguments' defaults: weight_decay 0.0, betas (0.9, 0.999), eps 1e-8.
-        default_kwargs={"optim_bits": 8, "is_paged": False, "weight_decay": 0.0},
-        description="what HF Trainer builds for optim=adamw_bnb_8bit: AdamW8bit but nn.Embedding weights "
-                    "keep fp32 state, weight decay 0",
-    ),
+    _hf_entry("adamw8bit_hf", "AdamW", 8, False, hf_alias="adamw_bnb_8bit", aliases=("adamw_8bit",),
+              description="what HF Trainer builds for optim=adamw_bnb_8bit: AdamW8bit but nn.Embedding weights "
+                          "keep fp32 state, weight decay 0"),
     _entry("adam8bit", "Adam8bit", 2, True, description="bitsandbytes Adam8bit (L2 penalty, not decoupled decay)"),
     _entry("paged_adamw8bit", "PagedAdamW8bit", 2, True, paging=_paging,
            description="bitsandbytes PagedAdamW8bit: 8-bit state in CUDA unified memory (pages to host)"),
-    _entry("paged_adamw", "PagedAdamW", 2, False, hf_alias="paged_adamw_32bit", paging=_paging,
+    _entry("paged_adamw", "PagedAdamW", 2, False, paging=_paging,
            description="bitsandbytes PagedAdamW: fp32 state in CUDA unified memory (pages to host)"),
     _entry("lion8bit", "Lion8bit", 1, True, **LION_LR, description="bitsandbytes Lion8bit: one uint8 momentum"),
-    _entry("lion", "Lion", 1, False, hf_alias="lion_32bit", **LION_LR,
-           description="bitsandbytes Lion (32-bit): one fp32 momentum"),
+    _entry("lion", "Lion", 1, False, **LION_LR, description="bitsandbytes Lion (32-bit): one fp32 momentum"),
     _entry("ademamix8bit", "AdEMAMix8bit", 3, True,
            description="bitsandbytes AdEMAMix8bit: fast and slow first moments + second moment, uint8"),
-    _entry("rmsprop8bit", "RMSprop8bit", 1, True, default_lr=2e-5, lr_range=(3e-6, 3e-4),
+    _entry("rmsprop8bit", "RMSprop8bit", 1, True, **RMSPROP_LR,
            description="bitsandbytes RMSprop8bit: one uint8 second moment"),
+    _hf_entry("paged_adamw_8bit", "AdamW", 8, True),
+    _hf_entry("paged_adamw_32bit", "AdamW", 32, True),
+    _hf_entry("lion_8bit", "Lion", 8, False),
+    _hf_entry("lion_32bit", "Lion", 32, False),
+    _hf_entry("paged_lion_8bit", "Lion", 8, True),
+    _hf_entry("paged_lion_32bit", "Lion", 32, True),
+    _hf_entry("rmsprop_bnb", "RMSprop", 32, False),
+    _hf_entry("rmsprop_bnb_8bit", "RMSprop", 8, False),
+    _hf_entry("rmsprop_bnb_32bit", "RMSprop", 32, False),
+    _hf_entry("ademamix", "AdEMAMix", 32, False),
+    _hf_entry("ademamix_8bit", "AdEMAMix", 8, False),
+    _hf_entry("paged_ademamix_32bit", "AdEMAMix", 32, True, needs_cuda=PAGED_ADEMAMIX_CPU),
+    _hf_entry("paged_ademamix_8bit", "AdEMAMix", 8, True, needs_cuda=PAGED_ADEMAMIX_CPU),
 ]

@@ -1,4 +1,5 @@
-"""Several optimizers over disjoint parameters, stepped as one (Muon's hidden matrices + AdamW for the rest)."""
+"""Several optimizers over disjoint parameters, stepped as one (Muon's hidden matrices + AdamW for the rest), or
+each from its own parameter's gradient hook (layer-wise GaLore and APOLLO)."""
 
 from __future__ import annotations
 
@@ -62,3 +63,15 @@ class CombinedOptimizer(torch.optim.Optimizer):
         for part in self.parts:
             part.step()
         return loss
+
+
+class LayerwiseOptimizer(CombinedOptimizer):
+    """One optimizer per parameter, each stepped by its parameter's post-accumulate-grad hook inside backward (as
+    transformers' LayerWiseDummyOptimizer does): `step()` and `zero_grad()` have nothing left to do. The parts'
+    state and param groups are read (and scheduled, and checkpointed) through the combined view."""
+
+    def step(self, closure: Any = None) -> Any:
+        return None
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        return None

@@ -1,169 +1,148 @@
-"""Entries whose library comes with an optbench extra: torchao's low-bit AdamW, schedule-free AdamW,
-GaLore, APOLLO, CAME and Adam-mini (`pip install "optbench[<extra>]"`, or `optbench[all]`)."""
+"""Entries whose library comes with an optbench extra (`pip install "optbench[<extra>]"`, or `optbench[all]`):
+schedule-free AdamW, RAdam and SGD, CAME, Adam-mini, GrokAdamW, StableAdamW (torch-optimi), LOMO and AdaLomo, and
+HF's AnyPrecisionAdamW, whose library is not on PyPI. (torchao: torchao_optim.py; GaLore and APOLLO: low_rank.py.)
+
+HF Trainer's names among them take Trainer's settings (optimizers/hf.py). LOMO has no optimizer.step(): it updates
+each parameter from its gradient hook inside `fused_backward(loss, lr)`, which only Trainer's training step calls
+(told `optim="lomo"`), so it trains under the trainer engine only.
+"""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from optbench.optimizers.base import (
     FP32,
     FP32_BYTES,
-    STEP,
     OptimizerSpec,
     Param,
     ParamState,
     factored_numel,
     full_moments,
     param_state,
-    short_dtype,
 )
-from optbench.optimizers.bnb import bnb_rule, bnb_shared
-from optbench.optimizers.torch_optim import ADAMW_LR_RANGE
+from optbench.optimizers.hf import HF_ADAM, HF_WEIGHT_DECAY, trainer_groups
+from optbench.optimizers.torch_optim import ADAMW_LR_RANGE, adamw_rule
 
-# ---- torchao: tensor-subclass state, compiled on the first step ----
-
-TORCHAO_MIN_QUANT_NUMEL = 4096
+# ---- schedule-free: needs train()/eval() switching around evaluation ----
 
 
-def _torchao_rule(code_bits: int, code_dtype: str, block_size: int, qmap_entries: int, label: str):
-    """torchao quantises tensors of >= 4096 elements that its block divides: per moment, `code_bits`
-    per element (`code_dtype` codes) + one fp32 scale per block + its own fp32 quantisation map
-    (`qmap_entries` values, none for fp8; not shared between tensors, unlike bitsandbytes'). Other
-    tensors keep moments in the parameter's dtype. A 0-d fp32 `step` per parameter."""
-
-    def rule(p: Param, **_: Any) -> ParamState:
-        if p.numel < TORCHAO_MIN_QUANT_NUMEL:
-            return full_moments(p, 2, f"{short_dtype(p.dtype_name)}: under {TORCHAO_MIN_QUANT_NUMEL} elements", STEP)
-        if p.numel % block_size:
-            return full_moments(p, 2, f"{short_dtype(p.dtype_name)}: block size does not divide", STEP)
-        codes = (code_dtype, 2 * (p.numel * code_bits // 8))
-        return param_state(label, codes, (FP32, 2 * FP32_BYTES * (p.numel // block_size + qmap_entries)), STEP)
-
-    return rule
-
-
-def _torchao_entry(class_name: str, name: str, hf_alias: str, precision: str, rule: Any) -> OptimizerSpec:
+def _schedulefree_factory(class_name: str):
     def make(params: Any, lr: float, **kwargs: Any) -> Any:
-        from torchao import optim as ao_optim
+        import schedulefree
 
-        return getattr(ao_optim, class_name)(params, lr=lr, **kwargs)
-
-    return OptimizerSpec(
-        name=name, hf_alias=hf_alias, factory=make, library="torchao", extra="torchao", default_lr=5e-5,
-        lr_range=ADAMW_LR_RANGE, precision=precision, rule=rule,
-        description=f"torchao {class_name}: tensor-subclass state, compiled on its first step",
-    )
-
-
-# ---- schedule-free AdamW: needs train()/eval() switching around evaluation ----
-
-
-def _make_schedulefree(params: Any, lr: float, **kwargs: Any) -> Any:
-    import schedulefree
-
-    optimizer = schedulefree.AdamWScheduleFree(params, lr=lr, **kwargs)
-    optimizer.train()  # it refuses to step in eval mode, and starts in it
-    return optimizer
-
-
-def _schedulefree_rule(p: Param, **_: Any) -> ParamState:
-    # z (the averaged iterate's base sequence) and exp_avg_sq, both in the parameter's dtype.
-    return full_moments(p, 2, "full: z + exp_avg_sq")
-
-
-# ---- GaLore and APOLLO: low-rank projected AdamW on chosen 2-D weights ----
-
-LOW_RANK_DEFAULTS = {"rank": 8, "update_proj_gap": 200, "proj_type": "std"}
-
-
-def _is_target(p: Param, target_modules: list[str] | None) -> bool:
-    """Projected parameters: the hidden 2-D matrices, or those whose name holds one of `target_modules`."""
-    if len(p.shape) != 2:
-        return False
-    return p.hidden_matrix if not target_modules else any(t in p.name for t in target_modules)
-
-
-FULL = "full"
-
-
-def _adam_moments(p: Param, **_: Any) -> ParamState:
-    return full_moments(p, 2, FULL)
-
-
-def galore_projection_numel(p: Param, rank: int) -> int:
-    """GaLore slices its rank-r basis out of a full SVD (U[:, :r] or Vh[:r, :], k = min(m, n)); for
-    fp32 parameters it keeps that view, which holds the whole k x k factor alive, and for other dtypes
-    it casts, which copies just the r x k slice."""
-    k = min(p.shape)
-    return k * k if p.itemsize == FP32_BYTES else min(rank, k) * k
-
-
-def apollo_projection_numel(p: Param, rank: int) -> int:
-    """APOLLO draws a fresh r x k random matrix (k = min(m, n)), plus a 0-d `scaled_grad`."""
-    return min(rank, *p.shape) * min(p.shape) + 1
-
-
-def _low_rank_rule(moments: Any, projection_numel: Any):
-    """For an (m, n) target at rank r: the optimizer's moments (`moments`, a rule) on the (max(m, n), r)
-    projected gradient, plus the projection state (`projection_numel`) in the parameter's dtype; projected
-    parameters never count as fp32 state. Other parameters: the plain optimizer (its `step` is an int)."""
-
-    def rule(p: Param, rank: int = 8, target_modules: list[str] | None = None, **settings: Any) -> ParamState:
-        if not _is_target(p, target_modules):
-            plain = moments(p, **settings)
-            why = f"not projected ({'not targeted' if target_modules else p.role})"
-            why += f": {plain.why}" if plain.why != FULL else ""
-            return ParamState(plain.bytes_by_dtype, why, plain.fp32_state_numel)
-        projected = Param(shape=(max(p.shape), min(rank, *p.shape)), itemsize=p.itemsize, dtype=p.dtype_name)
-        projection = (p.dtype_name, p.itemsize * projection_numel(p, rank))
-        return param_state(f"low-rank r={rank} (projected)", *moments(projected, **settings).bytes_by_dtype.items(),
-                           projection)
-
-    return rule
-
-
-def _exposing_projections(cls: type) -> type:
-    """GaLore and APOLLO keep each projection matrix on a projector object the state probe cannot see;
-    this subclass puts a reference to it in state['projection'] after every step (same storage, no
-    copy), so it is measured like any other state. A subclass, not a patched `step`: lr schedulers
-    wrap `optimizer.step` and expect a bound method."""
-
-    class ExposingProjections(cls):
-        def step(self, *args: Any, **kwargs: Any) -> Any:
-            loss = super().step(*args, **kwargs)
-            for state in self.state.values():
-                projector = state.get("projector")
-                if projector is not None and projector.ortho_matrix is not None:
-                    state["projection"] = projector.ortho_matrix
-            return loss
-
-    ExposingProjections.__name__ = ExposingProjections.__qualname__ = cls.__name__
-    return ExposingProjections
-
-
-def _low_rank_factory(module: str, class_name: str, group_defaults: dict[str, Any]):
-    def make(pairs: list[tuple[Param, Any]], lr: float, rank: int = 8, update_proj_gap: int = 200,
-             proj_type: str = "std", target_modules: list[str] | None = None, **kwargs: Any) -> Any:
-        import importlib
-
-        cls = _exposing_projections(getattr(importlib.import_module(module), class_name))
-        targets = [t for facts, t in pairs if _is_target(facts, target_modules)]
-        rest = [t for facts, t in pairs if not _is_target(facts, target_modules)]
-        low_rank = {"params": targets, "rank": rank, "update_proj_gap": update_proj_gap, "proj_type": proj_type,
-                    **group_defaults}
-        groups = [g for g in ({"params": rest}, low_rank) if g["params"]]
-        return cls(groups, lr=lr, **kwargs)
+        optimizer = getattr(schedulefree, class_name)(params, lr=lr, **kwargs)
+        optimizer.train()  # it refuses to step in eval mode, and starts in it
+        return optimizer
 
     return make
 
 
-def _low_rank_entry(name: str, module: str, class_name: str, extra: str, group_defaults: dict[str, Any],
-                    moments: Any, projection_numel: Any, **fields: Any) -> OptimizerSpec:
+def _schedulefree_rule(moments: int, what: str):
+    """z (the averaged iterate's base sequence) and, for Adam-like ones, exp_avg_sq: in the parameter's dtype."""
+
+    def rule(p: Param, **_: Any) -> ParamState:
+        return full_moments(p, moments, f"full: {what}")
+
+    return rule
+
+
+def _schedulefree_entry(name: str, class_name: str, rule: Any, **fields: Any) -> OptimizerSpec:
+    # No decay schedule to lean on: the authors advise 1-10x AdamW's lr (and a warm-up).
     return OptimizerSpec(
-        name=name, factory=_low_rank_factory(module, class_name, group_defaults), structural=True,
-        library=module, extra=extra, default_lr=1e-4, lr_range=(1e-5, 1e-3),
-        rule=_low_rank_rule(moments, projection_numel), default_kwargs=dict(LOW_RANK_DEFAULTS), **fields,
-    )
+        name=name, factory=_schedulefree_factory(class_name), library="schedulefree", extra="schedulefree",
+        precision="fp32", rule=rule, before_eval=lambda optimizer: optimizer.eval(),
+        after_eval=lambda optimizer: optimizer.train(), **{"default_lr": 1e-4, "lr_range": (1e-5, 1e-3), **fields})
+
+
+# Trainer: Adam settings (not for SGD), weight decay, warm-up steps (0; not for RAdam), weight_lr_power 2, r 0.
+_SCHEDULEFREE = {"weight_decay": HF_WEIGHT_DECAY, "weight_lr_power": 2.0, "r": 0.0}
+
+
+# ---- GrokAdamW: keeps its state inside the param groups ----
+
+
+@functools.cache
+def _exposing_grok_state() -> type:
+    """GrokAdamW keeps each parameter's state in `param_groups[i]["state"]`, where the state probe does not look;
+    this subclass points `self.state[p]` at the same dicts after every step (no copy). Built on first use."""
+    from grokadamw import GrokAdamW
+
+    class ExposingGrokState(GrokAdamW):
+        def step(self, *args: Any, **kwargs: Any) -> Any:
+            loss = super().step(*args, **kwargs)
+            for group in self.param_groups:
+                self.state.update(group.get("state", {}))
+            return loss
+
+    ExposingGrokState.__name__ = ExposingGrokState.__qualname__ = "GrokAdamW"
+    return ExposingGrokState
+
+
+def _make_grokadamw(pairs: list[tuple[Param, Any]], lr: float, **kwargs: Any) -> Any:
+    """In Trainer's two groups: GrokAdamW damps beta1 by a parameter's index within its group."""
+    return _exposing_grok_state()(trainer_groups(pairs), lr=lr, **kwargs)
+
+
+def _grokadamw_rule(p: Param, **_: Any) -> ParamState:
+    # exp_avg, exp_avg_sq and the grokking EMA, each like the parameter (kept on the CPU between steps); an int step.
+    return full_moments(p, 3, "full: 2 moments + grok EMA")
+
+
+# ---- StableAdamW (torch-optimi) ----
+
+
+def _make_stable_adamw(params: Any, lr: float, **kwargs: Any) -> Any:
+    from optimi import StableAdamW
+
+    return StableAdamW(params, lr=lr, **kwargs)
+
+
+def _stable_adamw_rule(p: Param, kahan_sum: bool | None = None, **_: Any) -> ParamState:
+    # Two moments and a 0-d eps^2, in the parameter's dtype; for bf16/fp16 parameters (kahan_sum None or True) a
+    # Kahan compensation buffer like the parameter. Its step counter is a tensor in the param group, not the state.
+    kahan = (kahan_sum or kahan_sum is None) and p.itemsize == 2
+    return full_moments(p, 3 if kahan else 2, "full: 2 moments + Kahan buffer" if kahan else "full: 2 moments",
+                        (p.dtype_name, p.itemsize))
+
+
+# ---- LOMO and AdaLomo: fused updates inside backward ----
+
+
+class _Named:
+    """The module interface LOMO reads (named_parameters, parameters), over a registry factory's (facts, tensor)
+    pairs."""
+
+    def __init__(self, pairs: list[tuple[Param, Any]]) -> None:
+        self.pairs = pairs
+
+    def named_parameters(self) -> Any:
+        return iter([(facts.name, tensor) for facts, tensor in self.pairs])
+
+    def parameters(self) -> Any:
+        return iter([tensor for _, tensor in self.pairs])
+
+
+def _lomo_factory(class_name: str):
+    def make(pairs: list[tuple[Param, Any]], lr: float, **kwargs: Any) -> Any:
+        import lomo_optim
+
+        return getattr(lomo_optim, class_name)(_Named(pairs), lr=lr, **kwargs)
+
+    return make
+
+
+def _lomo_rule(p: Param, **_: Any) -> ParamState:
+    return param_state("none: SGD applied in the gradient hook")
+
+
+def _adalomo_rule(p: Param, **_: Any) -> ParamState:
+    # AdaLomo's factored fp32 second moment (rows + columns of a matrix, full for a vector), kept in dicts on the
+    # optimizer rather than in its state (from its source; it runs on CUDA only, so not measured here).
+    if len(p.shape) == 2:
+        return param_state("factored (rows + cols)", (FP32, FP32_BYTES * sum(p.shape)))
+    return param_state("full (vector)", (FP32, FP32_BYTES * p.numel), fp32_state_numel=p.numel)
 
 
 # ---- CAME: confidence-guided factored Adam ----
@@ -186,10 +165,21 @@ def _make_came(params: Any, lr: float, **kwargs: Any) -> Any:
 
 
 def _adam_mini_rule(p: Param, **_: Any) -> ParamState:
-    # Adam-mini's design (paper, not measured: the entry cannot run here): a full fp32 first moment and
+    # Adam-mini's design (paper, not measured: the entry cannot run on BERT): a full fp32 first moment and
     # one fp32 second-moment value per output row of a matrix, one per vector.
     rows = p.shape[0] if len(p.shape) >= 2 else 1
     return param_state("fp32 momentum + 1 v per row", (FP32, FP32_BYTES * (p.numel + rows)))
+
+
+def _anyprecision_rule(p: Param, **_: Any) -> ParamState:
+    # Trainer's defaults: fp32 momentum and variance, no Kahan buffer (from torchdistx's source; not measured).
+    return adamw_rule(p)
+
+
+def _make_anyprecision(params: Any, lr: float, **kwargs: Any) -> Any:
+    from torchdistx.optimizers import AnyPrecisionAdamW
+
+    return AnyPrecisionAdamW(params, lr=lr, **kwargs)
 
 
 def _make_adam_mini(pairs: list[tuple[Param, Any]], lr: float, **kwargs: Any) -> Any:
@@ -198,36 +188,23 @@ def _make_adam_mini(pairs: list[tuple[Param, Any]], lr: float, **kwargs: Any) ->
     return Adam_mini([(facts.name, t) for facts, t in pairs], lr=lr, **kwargs)
 
 
+LOMO_IN_BACKWARD = "fused_backward: SGD applied in each parameter's gradient hook"
+ADAM_MINI_BERT = ("adam-mini 1.1.1 cannot step a BERT: its name-substring partition sends 1-D LayerNorm weights "
+                  "('embeddings.LayerNorm', 'output.LayerNorm') to its row-wise blocks (IndexError: too many indices "
+                  "for tensor of dimension 1), and a Llama needs dim/n_heads a registry factory does not see")
+
 EXTRA_ENTRIES = [
-    _torchao_entry("AdamW8bit", "adamw8bit_torchao", "adamw_torch_8bit", "int8-blockwise",
-                   _torchao_rule(8, "uint8", block_size=256, qmap_entries=256, label="8-bit")),
-    _torchao_entry("AdamW4bit", "adamw4bit_torchao", "adamw_torch_4bit", "int4-blockwise",
-                   _torchao_rule(4, "uint8", block_size=128, qmap_entries=16, label="4-bit")),
-    _torchao_entry("AdamWFp8", "adamw_fp8_torchao", "", "fp8-e4m3-blockwise",
-                   _torchao_rule(8, "float8_e4m3fn", block_size=256, qmap_entries=0, label="fp8")),
-    OptimizerSpec(
-        name="adamw_schedulefree", hf_alias="schedule_free_adamw", factory=_make_schedulefree,
-        library="schedulefree", extra="schedulefree",
-        # No decay schedule to lean on: the authors advise 1-10x AdamW's lr (and a warm-up).
-        default_lr=1e-4, lr_range=(1e-5, 1e-3), precision="fp32", rule=_schedulefree_rule,
-        before_eval=lambda optimizer: optimizer.eval(), after_eval=lambda optimizer: optimizer.train(),
-        description="schedulefree AdamWScheduleFree: no lr schedule; evaluate between optimizer.eval()/train()",
-    ),
-    _low_rank_entry("galore_adamw", "galore_torch", "GaLoreAdamW", "galore", {"scale": 0.25}, _adam_moments,
-                    galore_projection_numel, hf_alias="galore_adamw", precision="fp32-low-rank",
-                    description="GaLore AdamW: moments of the rank-8 projected gradient of hidden matrices"),
-    _low_rank_entry("galore_adamw8bit", "galore_torch", "GaLoreAdamW8bit", "galore", {"scale": 0.25},
-                    bnb_rule(2, bits8=True), galore_projection_numel, hf_alias="galore_adamw_8bit",
-                    shared=bnb_shared(2),
-                    precision="int8-low-rank",
-                    needs_cuda="needs CUDA: galore-torch 1.0's GaLoreAdamW8bit runs bitsandbytes' CUDA-only "
-                               "8-bit update ('Torch not compiled with CUDA enabled' on a CPU build)",
-                    description="GaLore AdamW8bit: 8-bit moments of the projected gradient"),
-    _low_rank_entry("apollo_adamw", "apollo_torch", "APOLLOAdamW", "apollo",
-                    {"proj": "random", "scale_type": "channel", "scale": 1.0}, _adam_moments,
-                    apollo_projection_numel,
-                    hf_alias="apollo_adamw", precision="fp32-low-rank",
-                    description="APOLLO AdamW: random-projection moments, channel-wise update scaling"),
+    _schedulefree_entry("adamw_schedulefree", "AdamWScheduleFree", _schedulefree_rule(2, "z + exp_avg_sq"),
+                        hf_alias="schedule_free_adamw", default_kwargs={**HF_ADAM, **_SCHEDULEFREE, "warmup_steps": 0},
+                        description="schedulefree AdamWScheduleFree (= HF optim=schedule_free_adamw): no lr "
+                                    "schedule; evaluate between optimizer.eval()/train()"),
+    _schedulefree_entry("schedule_free_radam", "RAdamScheduleFree", _schedulefree_rule(2, "z + exp_avg_sq"),
+                        hf_alias="schedule_free_radam", default_kwargs={**HF_ADAM, **_SCHEDULEFREE},
+                        description="HF optim=schedule_free_radam: schedulefree RAdamScheduleFree (no warm-up)"),
+    _schedulefree_entry("schedule_free_sgd", "SGDScheduleFree", _schedulefree_rule(1, "z"),
+                        hf_alias="schedule_free_sgd", default_kwargs={**_SCHEDULEFREE, "warmup_steps": 0},
+                        default_lr=1e-2, lr_range=(1e-3, 1e-1),
+                        description="HF optim=schedule_free_sgd: schedulefree SGDScheduleFree, momentum 0.9"),
     OptimizerSpec(
         name="came", factory=_make_came, library="came_pytorch", extra="came", default_lr=1e-4,
         lr_range=(1e-5, 1e-3), precision="factored+fp32-momentum", rule=_came_rule,
@@ -236,8 +213,41 @@ EXTRA_ENTRIES = [
     OptimizerSpec(
         name="adam_mini", factory=_make_adam_mini, structural=True, library="adam_mini", extra="adam-mini",
         default_lr=5e-5, lr_range=ADAMW_LR_RANGE, precision="fp32-blockwise-v", rule=_adam_mini_rule,
-        broken="adam-mini 1.1.1 crashes on BERT's first step (IndexError: too many indices for tensor of "
-               "dimension 1); its name-based block partition does not cover BERT",
-        description="Adam-mini: one second-moment value per parameter block",
+        broken=ADAM_MINI_BERT, description="Adam-mini: one second-moment value per parameter block",
+    ),
+    OptimizerSpec(
+        name="grokadamw", hf_alias="grokadamw", factory=_make_grokadamw, library="grokadamw", extra="grokadamw",
+        structural=True,
+        default_lr=5e-5, lr_range=ADAMW_LR_RANGE, precision="fp32", rule=_grokadamw_rule,
+        default_kwargs={"weight_decay": HF_WEIGHT_DECAY, "alpha_init": 0.98, "lamb": 2.0, "gamma": 0.1,
+                        "grokking_signal_decay_rate": 0.1, "gradient_clipping": 1.0},
+        description="HF optim=grokadamw: GrokAdamW, AdamW + an EMA of gradients amplified by lamb",
+    ),
+    OptimizerSpec(
+        name="stable_adamw", hf_alias="stable_adamw", factory=_make_stable_adamw, library="optimi", extra="optimi",
+        default_lr=5e-5, lr_range=ADAMW_LR_RANGE, precision="fp32", rule=_stable_adamw_rule,
+        default_kwargs={**HF_ADAM, "decouple_lr": False, "max_lr": None, "kahan_sum": None},
+        description="HF optim=stable_adamw: torch-optimi StableAdamW (update clipping; Kahan sums for bf16)",
+    ),
+    OptimizerSpec(
+        name="lomo", hf_alias="lomo", factory=_lomo_factory("Lomo"), structural=True, library="lomo_optim",
+        extra="lomo", default_lr=1e-3, lr_range=(1e-4, 1e-2), precision="none (fused SGD)", rule=_lomo_rule,
+        step_in_backward=LOMO_IN_BACKWARD, trainer_optim="lomo",
+        description="HF optim=lomo: LOMO, SGD fused into backward (no state); trains under --engine trainer",
+    ),
+    OptimizerSpec(
+        name="adalomo", hf_alias="adalomo", factory=_lomo_factory("AdaLomo"), structural=True, library="lomo_optim",
+        extra="lomo", default_lr=1e-3, lr_range=(1e-4, 1e-2), precision="factored", rule=_adalomo_rule,
+        step_in_backward=LOMO_IN_BACKWARD, trainer_optim="adalomo",
+        needs_cuda="needs CUDA: lomo-optim 0.1.1's AdaLomo puts its second moments on CUDA (.cuda()) when built",
+        description="HF optim=adalomo: AdaLomo, factored adaptive LOMO fused into backward",
+    ),
+    OptimizerSpec(
+        name="adamw_anyprecision", hf_alias="adamw_anyprecision", factory=_make_anyprecision, library="torchdistx",
+        default_lr=5e-5, lr_range=ADAMW_LR_RANGE, precision="fp32", rule=_anyprecision_rule,
+        default_kwargs={**HF_ADAM, "use_kahan_summation": False},
+        missing_reason="needs torchdistx, which is not on PyPI (pip finds no distribution; github.com/pytorch/"
+                       "torchdistx, archived)",
+        description="HF optim=adamw_anyprecision: torchdistx AnyPrecisionAdamW (rule from its source, not measured)",
     ),
 ]

@@ -9,11 +9,14 @@ from typing import Any
 from optbench.optimizers.base import OptimizerSpec, UnknownOptimizerError
 from optbench.optimizers.bnb import BNB_ENTRIES
 from optbench.optimizers.extras import EXTRA_ENTRIES
+from optbench.optimizers.low_rank import LOW_RANK_ENTRIES
 from optbench.optimizers.torch_optim import TORCH_ENTRIES
+from optbench.optimizers.torchao_optim import TORCHAO_ENTRIES
 from optbench.optimizers.transformers_optim import TRANSFORMERS_ENTRIES
 
 REGISTRY: dict[str, OptimizerSpec] = {
-    spec.name: spec for spec in [*TORCH_ENTRIES, *TRANSFORMERS_ENTRIES, *BNB_ENTRIES, *EXTRA_ENTRIES]
+    spec.name: spec for spec in [*TORCH_ENTRIES, *TRANSFORMERS_ENTRIES, *BNB_ENTRIES, *TORCHAO_ENTRIES,
+                                 *LOW_RANK_ENTRIES, *EXTRA_ENTRIES]
 }
 
 DEFAULT_OPTIMIZERS: tuple[str, ...] = ("adamw", "adafactor", "adamw8bit")
@@ -27,7 +30,10 @@ nn.Embedding weight to 32-bit state, so embeddings keep fp32 moments (8 bytes/pa
 it uses the Trainer's default weight decay of 0. Where embeddings are a big share of the model (about
 half of MiniLM's 22.7 M parameters) the two differ a lot in state size: compare the one your training
 code really uses. HF's other 8-bit names (paged_adamw_8bit, lion_8bit, ademamix_8bit, rmsprop_bnb_8bit)
-apply the same override, so they are not aliases of the pure entries here."""
+apply the same override, so they are not aliases of the pure entries here.
+An entry named after an HF Trainer `optim` name builds what Trainer builds for it (class, defaults, weight decay 0,
+the 8-bit embedding override; GaLore/APOLLO on "all-linear" at rank 128); adamw, sgd_momentum, lion,
+galore_adamw_r8, ... are optbench's own settings of the same libraries."""
 
 _BY_NAME = {alias: spec for spec in REGISTRY.values() for alias in spec.names}
 if len(_BY_NAME) != sum(len(spec.names) for spec in REGISTRY.values()):
@@ -46,6 +52,18 @@ def resolve(name: str) -> OptimizerSpec:
 def available_names() -> list[str]:
     """`--optimizers all`: every entry that can run here, in registry order."""
     return [spec.name for spec in REGISTRY.values() if spec.available]
+
+
+def representatives() -> list[str]:
+    """The default optimizers, then the first entry of each other library family, in registry order: one of each
+    kind of state for the benchmark suite's default, which grows with the families rather than with the entries."""
+    chosen = [resolve(name) for name in DEFAULT_OPTIMIZERS]
+    families = {spec.library for spec in chosen}
+    for spec in REGISTRY.values():
+        if spec.library not in families:
+            families.add(spec.library)
+            chosen.append(spec)
+    return [spec.name for spec in chosen]
 
 
 def parse_optimizer_kwargs(items: Iterable[str]) -> dict[str, dict[str, Any]]:

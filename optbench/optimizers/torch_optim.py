@@ -1,7 +1,9 @@
-"""Entries built on torch.optim alone: AdamW (default and fused), SGD, Adafactor, and Muon + AdamW.
+"""Entries built on torch.optim alone: AdamW (default and fused), SGD, Adagrad, RMSprop, Adafactor, Muon + AdamW,
+HF Trainer's names for them (`adamw_torch`, `sgd`, ...: Trainer's settings, optimizers/hf.py), and the AdamW
+variants for devices this machine lacks (XLA, Ascend NPU).
 
 torch keeps every state tensor in the parameter's dtype (bf16 parameters get bf16 moments), except
-the per-parameter `step`, a 0-d fp32 tensor in AdamW and Adafactor (SGD keeps none).
+the per-parameter `step`, a 0-d fp32 tensor in AdamW, Adagrad, RMSprop and Adafactor (SGD keeps none).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from optbench.optimizers.base import (
     full_moments,
     param_state,
 )
+from optbench.optimizers.hf import HF_ADAM, HF_WEIGHT_DECAY
 
 ADAMW_LR_RANGE = (1e-5, 3e-4)
 
@@ -31,6 +34,16 @@ def adamw_rule(p: Param, **_: Any) -> ParamState:
 def _sgd_rule(p: Param, momentum: float = 0.0, **_: Any) -> ParamState:
     # One momentum buffer per parameter (a clone of its gradient), none without momentum.
     return full_moments(p, 1, "full: momentum") if momentum else param_state("none: no momentum")
+
+
+def one_moment_rule(what: str):
+    """Adagrad's `sum`, RMSprop's `square_avg` (no momentum, not centred): one tensor in the parameter's dtype and
+    a 0-d fp32 `step`."""
+
+    def rule(p: Param, **_: Any) -> ParamState:
+        return full_moments(p, 1, f"full: {what}", STEP)
+
+    return rule
 
 
 def factored_or_full(p: Param, dtype: str, itemsize: int) -> tuple[tuple[str, int], str]:
@@ -56,22 +69,24 @@ def _muon_rule(p: Param, **_: Any) -> ParamState:
     return full_moments(p, 2, f"AdamW fallback ({p.role})", STEP)
 
 
-def _make_adamw(params: Any, lr: float, **kwargs: Any) -> Any:
-    import torch
+def _torch_factory(class_name: str):
+    def make(params: Any, lr: float, **kwargs: Any) -> Any:
+        import torch
 
-    return torch.optim.AdamW(params, lr=lr, **kwargs)
+        return getattr(torch.optim, class_name)(params, lr=lr, **kwargs)
 
-
-def _make_sgd(params: Any, lr: float, **kwargs: Any) -> Any:
-    import torch
-
-    return torch.optim.SGD(params, lr=lr, **kwargs)
+    return make
 
 
-def _make_adafactor_torch(params: Any, lr: float, **kwargs: Any) -> Any:
-    import torch
+def _elsewhere_factory(module: str, class_name: str):
+    """A class from a device library this machine may lack (torch_xla, torch_npu)."""
 
-    return torch.optim.Adafactor(params, lr=lr, **kwargs)
+    def make(params: Any, lr: float, **kwargs: Any) -> Any:
+        import importlib
+
+        return getattr(importlib.import_module(module), class_name)(params, lr=lr, **kwargs)
+
+    return make
 
 
 def _newton_schulz(grad: Any, ns_coefficients: tuple[float, float, float], ns_steps: int, eps: float,
@@ -139,27 +154,66 @@ def _make_muon(pairs: list[tuple[Param, Any]], lr: float, weight_decay: float = 
     return CombinedOptimizer(parts)
 
 
-TORCH_ENTRIES = [
+def _hf_entry(name: str, class_name: str, rule: Any, default_lr: float, lr_range: tuple[float, float],
+              description: str, **kwargs: Any) -> OptimizerSpec:
+    """HF Trainer's `optim=name`: torch.optim.<class_name> with Trainer's settings."""
+    return OptimizerSpec(name=name, hf_alias=name, factory=_torch_factory(class_name), library="torch",
+                         default_lr=default_lr, lr_range=lr_range, precision="fp32", rule=rule,
+                         default_kwargs={"weight_decay": HF_WEIGHT_DECAY, **kwargs}, description=description,
+                         fsdp2="local" if class_name == "AdamW" and not kwargs.get("fused") else "")
+
+
+# RMSprop's per-coordinate scaling without momentum wants about AdamW's lr; Adagrad's accumulated sum shrinks its
+# steps over time, so it starts higher.
+RMSPROP_LR = dict(default_lr=2e-5, lr_range=(3e-6, 3e-4))
+HF_TORCH_ENTRIES = [
+    _hf_entry("adamw_torch", "AdamW", adamw_rule, 5e-5, ADAMW_LR_RANGE, "HF optim=adamw_torch: torch AdamW with "
+              "Trainer's weight decay 0", **HF_ADAM),
+    _hf_entry("adamw_torch_fused", "AdamW", adamw_rule, 5e-5, ADAMW_LR_RANGE, "HF optim=adamw_torch_fused: "
+              "torch AdamW(fused=True), weight decay 0", **HF_ADAM, fused=True),
+    _hf_entry("sgd", "SGD", _sgd_rule, 1e-2, (1e-3, 1e-1), "HF optim=sgd: torch SGD without momentum (no state)"),
+    _hf_entry("adagrad", "Adagrad", one_moment_rule("sum"), 1e-2, (1e-3, 1e-1),
+              "HF optim=adagrad: torch Adagrad, one accumulated sum of squares"),
+    _hf_entry("rmsprop", "RMSprop", one_moment_rule("square_avg"), RMSPROP_LR["default_lr"], RMSPROP_LR["lr_range"],
+              "HF optim=rmsprop: torch RMSprop, one running square average"),
     OptimizerSpec(
-        name="adamw", hf_alias="adamw_torch", factory=_make_adamw, library="torch",
-        default_lr=5e-5, lr_range=ADAMW_LR_RANGE, precision="fp32", rule=adamw_rule,
-        description="torch.optim.AdamW (default implementation): two moments per parameter, the reference",
+        name="adamw_torch_xla", hf_alias="adamw_torch_xla", factory=_elsewhere_factory("torch_xla.amp.syncfree",
+                                                                                          "AdamW"),
+        library="torch_xla", default_lr=5e-5, lr_range=ADAMW_LR_RANGE, precision="fp32", rule=adamw_rule,
+        default_kwargs=dict(HF_ADAM), missing_reason="XLA devices (TPU) only: needs torch_xla",
+        description="HF optim=adamw_torch_xla: torch_xla's sync-free AdamW (rule: torch AdamW's, not measured here)",
     ),
     OptimizerSpec(
-        name="adamw_fused", hf_alias="adamw_torch_fused", factory=_make_adamw, library="torch",
+        name="adamw_torch_npu_fused", hf_alias="adamw_torch_npu_fused",
+        factory=_elsewhere_factory("torch_npu.optim", "NpuFusedAdamW"), library="torch_npu", default_lr=5e-5,
+        lr_range=ADAMW_LR_RANGE, precision="fp32", rule=adamw_rule, default_kwargs=dict(HF_ADAM),
+        missing_reason="Ascend NPU only: needs torch_npu",
+        description="HF optim=adamw_torch_npu_fused: torch_npu's fused AdamW (rule: torch AdamW's, not measured)",
+    ),
+]
+
+TORCH_ENTRIES = [
+    OptimizerSpec(
+        name="adamw", factory=_torch_factory("AdamW"), library="torch",
+        default_lr=5e-5, lr_range=ADAMW_LR_RANGE, precision="fp32", rule=adamw_rule,
+        description="torch.optim.AdamW (default implementation): two moments per parameter, the reference",
+        fsdp2="local",
+    ),
+    OptimizerSpec(
+        name="adamw_fused", factory=_torch_factory("AdamW"), library="torch",
         default_lr=5e-5, lr_range=ADAMW_LR_RANGE, precision="fp32", rule=adamw_rule,
         default_kwargs={"fused": True},
         description="torch.optim.AdamW(fused=True): same state, one kernel per step",
     ),
     OptimizerSpec(
-        name="sgd", hf_alias="sgd", factory=_make_sgd, library="torch",
+        name="sgd_momentum", factory=_torch_factory("SGD"), library="torch",
         # SGD has no per-coordinate scaling, so it needs a learning rate ~100x AdamW's.
         default_lr=1e-2, lr_range=(1e-3, 1e-1), precision="fp32", rule=_sgd_rule,
         default_kwargs={"momentum": 0.9},
         description="torch.optim.SGD, momentum 0.9: one buffer per parameter",
     ),
     OptimizerSpec(
-        name="adafactor_torch", factory=_make_adafactor_torch, library="torch",
+        name="adafactor_torch", factory=_torch_factory("Adafactor"), library="torch",
         # torch's Adafactor scales each update by the parameter's RMS (relative steps).
         default_lr=1e-3, lr_range=(1e-4, 1e-2), precision="factored", rule=_adafactor_torch_rule,
         description="torch.optim.Adafactor: row+column second moment, no momentum",
@@ -170,4 +224,12 @@ TORCH_ENTRIES = [
         description="torch.optim.Muon on hidden 2-D matrices (one momentum buffer) + AdamW on embeddings, "
                     "head and vectors; Newton–Schulz in bf16 on CUDA, fp32 on CPU (ns_dtype=)",
     ),
+    OptimizerSpec(
+        name="muon_torch", factory=_make_muon, library="torch", structural=True,
+        default_lr=5e-5, lr_range=(1e-5, 1e-3), precision="fp32-orthogonalised", rule=_muon_rule,
+        default_kwargs={"ns_dtype": "bfloat16"},
+        description="torch.optim.Muon itself (its bf16 Newton–Schulz on every device) on muon's split: the same "
+                    "state, torch's step time",
+    ),
+    *HF_TORCH_ENTRIES,
 ]

@@ -17,7 +17,7 @@ from optbench.optimizers.torch_optim import factored_or_full
 ADAFACTOR_LR, ADAFACTOR_LR_RANGE = 3e-4, (3e-5, 3e-3)
 
 
-def _adafactor_rule(p: Param, beta1: float | None = None, **_: Any) -> ParamState:
+def adafactor_rule(p: Param, beta1: float | None = None, **_: Any) -> ParamState:
     # A vector's full second moment is its full-size fp32 state; a first moment beside a factored second
     # one is not counted as such (the entry still compresses the bigger statistic). Plus a 0-d fp32 `RMS`.
     second, why = factored_or_full(p, FP32, FP32_BYTES)
@@ -35,18 +35,20 @@ def _make_adafactor(params: Any, lr: float, **kwargs: Any) -> Any:
 # An external learning rate (as a scheduler would drive it), no relative-step heuristics: the
 # configuration people pick Adafactor for when they fine-tune with a schedule.
 _EXTERNAL_LR = {"relative_step": False, "scale_parameter": False, "warmup_init": False}
+NO_DTENSOR = ("transformers' Adafactor mixes plain tensors with the DTensor parameters in its update "
+              "('aten.add_.Tensor got mixed torch.Tensor and DTensor')")
 
 TRANSFORMERS_ENTRIES = [
     OptimizerSpec(
         name="adafactor", hf_alias="adafactor", aliases=("adafactor_hf",), factory=_make_adafactor,
         library="transformers", default_lr=ADAFACTOR_LR, lr_range=ADAFACTOR_LR_RANGE, precision="factored",
-        rule=_adafactor_rule, default_kwargs={**_EXTERNAL_LR, "beta1": None},
+        rule=adafactor_rule, default_kwargs={**_EXTERNAL_LR, "beta1": None}, fsdp2=NO_DTENSOR,
         description="transformers Adafactor, external lr, no momentum: row+column second moment",
     ),
     OptimizerSpec(
         name="adafactor_momentum", factory=_make_adafactor, library="transformers",
         default_lr=ADAFACTOR_LR, lr_range=ADAFACTOR_LR_RANGE, precision="factored+fp32-momentum",
-        rule=_adafactor_rule, default_kwargs={**_EXTERNAL_LR, "beta1": 0.9},
+        rule=adafactor_rule, default_kwargs={**_EXTERNAL_LR, "beta1": 0.9}, fsdp2=NO_DTENSOR,
         description="transformers Adafactor with beta1=0.9: adds a full fp32 first moment",
     ),
 ]

@@ -5,10 +5,7 @@ per finished trial under a file lock and fsyncs it, so killing a sweep loses at 
 flight and concurrent writers never interleave; the reader skips torn or corrupt lines with a warning
 instead of failing the whole file.
 
-Schema 2 (this version) added the lr `schedule` (schema-1 records trained at a constant lr after the
-warm-up, and read back as `constant`), `workload_options` (schema 1 named a tiny BERT's width in the
-workload, `tiny-w128`; it reads back as workload `tiny` with `{"hidden_size": 128}`) and the `job_key`
-every reader groups by.
+Older records are read through their upgrade steps (upgrade.py); SCHEMA_VERSION is the version written.
 """
 
 from __future__ import annotations
@@ -26,8 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from optbench.records.environment import MACHINE_KEYS
+from optbench.records.upgrade import upgrade
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+# Schema 3: registry entries renamed because their old names are HF Trainer names with other settings.
 MIB = 2**20
 GIB = 2**30
 REFERENCE_OPTIMIZER = "adamw"  # what every table, paired difference and "% of" column compares against
@@ -143,6 +142,10 @@ class Record:
     parallel: str = "none"  # none | ddp | zero1 | fsdp2
     world_size: int = 1
     per_rank: list[dict[str, Any]] = field(default_factory=list)  # each rank's state/memory/time figures
+    # --state-map under --parallel: each parameter whose state precision or bytes per element changed against a
+    # single process of the same optimizer (optbench.memory.sharding); [] none changed, None not checked.
+    sharding_state_changes: list[dict[str, Any]] | None = None
+    sharding_checked_params: int | None = None  # parameters the sharding check compared
     precision: str = "fp32"  # fp32 | bf16-autocast | fp16-autocast | bf16 (bf16 weights, no fp32 master)
     param_dtype: str = "float32"
     autocast_dtype: str | None = None
@@ -214,22 +217,11 @@ class Record:
         """Read a record of any schema: unknown (newer) fields are left out, missing (older) ones filled,
         schema-1 meanings translated (see the module docstring), and the job key derived when absent."""
         names = {f.name for f in dataclasses.fields(cls)}
-        data = _upgrade(dict(data))
+        data = upgrade(dict(data))
         record = cls(**{k: v for k, v in data.items() if k in names})
         if "job_key" not in data:  # a schema-1 record: its key from its fields
             record.job_key = job_key(record)
         return record
-
-
-def _upgrade(data: dict[str, Any]) -> dict[str, Any]:
-    """Schema 1 -> 2: a constant lr after warm-up, and the tiny BERT's width out of the workload name."""
-    if int(data.get("schema_version") or 1) >= 2:
-        return data
-    data.setdefault("schedule", "constant")
-    workload = str(data.get("workload") or "")
-    if workload.startswith("tiny-w") and workload[6:].isdigit():
-        data["workload"], data["workload_options"] = "tiny", {"hidden_size": int(workload[6:])}
-    return data
 
 
 def job_key(record: Record) -> dict[str, Any]:

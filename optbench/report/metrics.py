@@ -133,6 +133,16 @@ def _ceiling(record: Record) -> str | None:
     return "calibrated; probe disagrees" if record.device_bandwidth_probe_disagrees else "calibrated"
 
 
+def sharding_cell(record: Record) -> str | None:
+    """The sharding check (`--state-map` under --parallel): how many parameters' state changed precision or bytes per
+    element against one process (optbench.memory.sharding); None where it did not run."""
+    changes = record.sharding_state_changes
+    if changes is None:
+        return None
+    precision = sum(change["kind"] == "precision" for change in changes)
+    return f"{len(changes)} ({precision} precision)" if changes else "none"
+
+
 def _prediction_error_pct(record: Record) -> float | None:
     """predicted / measured peak - 1, in %: how far optbench.memory.predict was off before training."""
     if not record.predicted_peak_bytes or not record.peak_memory_bytes:
@@ -145,6 +155,7 @@ METRICS: tuple[Metric, ...] = (
            compact=True),
     Metric("state_bytes_per_param", "state B/param", "B", 3, LOWER, _scaled("state_bytes_per_param", 1)),
     Metric("state_matches_analytic", "= analytic", "", 0, None, _matches_analytic, aggregate=TEXT),
+    Metric("sharding_changes", "state changed sharded", "", 0, None, sharding_cell, aggregate=TEXT),
     Metric("peak_mib", "peak MiB", "MiB", 0, LOWER, _peak_mib),
     Metric("train_mem_mib", "train mem MiB", "MiB", 0, LOWER, _train_mem_mib, MEMORY, label="peak memory",
            compact=True, peak_floor=True),

@@ -60,8 +60,11 @@ def describe_state(record: Record, optimizer: torch.optim.Optimizer, entry: Opti
         rows = statemap.measured_state_map(optimizer, model)
         record.state_bytes_by_module = statemap.bytes_by_module(rows)
         if state_map_dir:
+            import torch.distributed
+
+            rank = f"-rank{torch.distributed.get_rank()}" if record.parallel not in (None, "none") else ""
             statemap.write_state_map(rows, Path(state_map_dir) / f"{record.optimizer}-seed{record.seed}-"
-                                                                  f"{record.trial_id}.csv")
+                                                                  f"{record.trial_id}{rank}.csv")
     if record.num_params:
         record.state_bytes_per_param = record.state_bytes / record.num_params
     if entry is not None:

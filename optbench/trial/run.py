@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import os
 import random
 import time
@@ -156,12 +157,33 @@ def _train_and_measure(spec: TrialSpec, record: Record) -> None:
     calibration, source = bandwidth.load_for(machine_key(s.device))  # the roofline's ceiling, measured once
     describe_bandwidth(record, probe + triad.triad_bandwidth_samples(s.device, BANDWIDTH_SAMPLES), calibration,
                        source)
+    if spec.parallel != "none" and spec.state_map_dir:
+        check_sharding(s, record)
     if spec.target is not None:
         time_to_target(record, spec.target)
     if result.resume is not None:  # the engine's own check (--resume-check): resume fresh objects, compare
         result.resume.finish(fresh_setup(spec, record))
     evaluate_final(s, record)
     check_divergence(record, s.built.chance_loss)
+
+
+def check_sharding(s: Setup, record: Record) -> None:
+    """`--state-map` under a parallel mode (memory/sharding.py): every rank's measured state map goes to rank 0, which
+    builds one process of the same job, steps it once (after this rank's memory window has closed) and records each
+    parameter whose state precision or bytes per element differ."""
+    from optbench.memory import sharding, statemap
+    from optbench.trial.engines.loop import timed_steps
+    from optbench.trial.engines.parallel import gather_to_rank0
+
+    ranks = gather_to_rank0(sharding.local_rows(statemap.measured_state_map(s.optimizer, s.model), s.model))
+    if ranks is None:
+        return
+    one = setup(dataclasses.replace(s.spec, parallel="none", nproc=1, state_map_dir=None), copy.copy(record))
+    for _ in timed_steps(one, stop=1):
+        pass
+    single = statemap.measured_state_map(one.optimizer, one.model)
+    record.sharding_state_changes = [change.to_dict() for change in sharding.compare(single, ranks)]
+    record.sharding_checked_params = sum(1 for row in single if row.module_kind != statemap.SHARED)
 
 
 def fresh_setup(spec: TrialSpec, record: Record) -> Setup:

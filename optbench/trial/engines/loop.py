@@ -35,8 +35,15 @@ class StepSample(NamedTuple):
 
 def warm_up(s: Setup) -> None:
     """One forward/backward before the memory baseline pages in the kernels and warms the allocator,
-    which every optimizer would otherwise be charged for; its gradients are dropped."""
+    which every optimizer would otherwise be charged for; its gradients are dropped. An entry that updates inside
+    backward (layer-wise, LOMO: its hooks would train on the warm-up batch) gets the forward alone."""
+    import torch
+
     batch = to_device(next(train_batches(s.built.train, s.spec.batch_size, 1, s.spec.seed)), s.device)
+    if s.entry.step_in_backward:
+        with torch.no_grad(), s.precision.autocast(s.device):
+            s.workload.loss(s.model, batch)
+        return
     with s.precision.autocast(s.device):
         loss = s.workload.loss(s.model, batch)
     loss.backward()

@@ -69,6 +69,15 @@ def train(s: Setup, record: Record) -> EngineResult:
     return result
 
 
+def gather_to_rank0(value: Any) -> list[Any] | None:
+    """Every rank's `value` (picklable), in rank order, on rank 0; None on the other ranks."""
+    import torch.distributed as dist
+
+    values: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(values, value)
+    return values if dist.get_rank() == 0 else None
+
+
 def _local_bytes(params) -> int:
     """Bytes this rank holds for `params`: a DTensor's local shard, a plain tensor whole."""
     from torch.distributed.tensor import DTensor
@@ -122,11 +131,13 @@ def per_rank_markdown(records: list[Record]) -> str:
     weights + grads + state next to a ddp rank's of the same optimizer (the figure sharding is for)."""
     from tabulate import tabulate
 
+    from optbench.report.metrics import sharding_cell
 
     ddp_held = {r.optimizer: _held_bytes(r.per_rank[0]) for r in records
                 if r.parallel == "ddp" and r.status == "ok" and r.per_rank}
     headers = ["optimizer", "parallel", "rank", "status", "weights MiB", "grads MiB", "state MiB",
-               "weights+grads+state MiB", "% of a ddp rank", "peak RSS growth MiB", "step median ms", "eval acc"]
+               "weights+grads+state MiB", "% of a ddp rank", "peak RSS growth MiB", "step median ms", "eval acc",
+               "state changed vs 1 process"]
     rows, notes = [], []
     ordered = sorted(records, key=lambda r: MODES.index(r.parallel) if r.parallel in MODES else len(MODES))
     for record in ordered:
@@ -139,7 +150,7 @@ def per_rank_markdown(records: list[Record]) -> str:
                          *(_fmt(rank.get(key), MIB, 2) for key in ("weights_bytes", "grads_bytes", "state_bytes")),
                          _fmt(held, MIB, 2), f"{100 * held / reference:.1f}" if held and reference else "",
                          _fmt(rank.get("peak_rss_growth_bytes"), MIB, 0), _fmt(rank.get("step_time_median_s"), 1e-3, 0),
-                         _fmt(rank.get("eval_accuracy"), 1, 3)])
+                         _fmt(rank.get("eval_accuracy"), 1, 3), sharding_cell(record) or ""])
         if record.status != "ok":
             notes.append(f"- {record.optimizer} under {record.parallel}: {record.status}: {record.error}")
     table = tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)

@@ -74,6 +74,8 @@ def training_arguments(s: Setup, output_dir: str, **overrides: Any):
         logging_nan_inf_filter=False,  # a non-finite loss must show: it is how divergence is recorded
         eval_strategy="no", save_strategy="no", report_to=[], disable_tqdm=not sys.stderr.isatty(),
         dataloader_num_workers=0, remove_unused_columns=False,
+        # Trainer's training step hands LOMO the learning rate for its fused backward only when told the name.
+        **({"optim": s.entry.trainer_optim} if s.entry.trainer_optim else {}),
     )
     return pin_device(TrainingArguments(**{**settings, **overrides}), s.device)
 
