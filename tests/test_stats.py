@@ -63,6 +63,29 @@ def test_seeds_to_settle_by_hand():
     assert stats.seeds_to_settle(0.0, 100.0, 1.0) is None  # beyond MAX_SEEDS
 
 
+def test_minimum_detectable_difference_by_hand():
+    """m + (t(0.975, n-1) + t(0.8, n-1)) s / sqrt(n); printed t tables: t(0.975, 3) = 3.182, t(0.8, 3) = 0.978,
+    t(0.975, 9) = 2.262, t(0.8, 9) = 0.883. n = 4, s = 0.5, m = 1: 1 + 4.160 x 0.25 = 2.040."""
+    assert stats.minimum_detectable_difference(0.5, 4, 1.0) == pytest.approx(1 + (3.182 + 0.978) * 0.5 / 2, abs=2e-3)
+    assert stats.minimum_detectable_difference(0.3, 10, 1.0) == pytest.approx(
+        1 + (2.262 + 0.883) * 0.3 / math.sqrt(10), abs=2e-3)
+    assert stats.minimum_detectable_difference(0.5, 1, 1.0) is None  # one seed: no interval, no power
+    verdict = stats.paired_verdict(_shifted([-2.0, 1.0, 0.5]), REF, "max")  # s = 1.6073 points, n = 3
+    assert verdict.detectable == pytest.approx(1 + (4.303 + 1.061) * 1.6073 / math.sqrt(3), abs=5e-3)
+
+
+def test_a_difference_the_size_of_the_mdd_is_called_worse_in_about_80_percent_of_studies():
+    """Simulated paired studies at n = 4 with normal differences of SD s, the true difference -MDD: the verdict
+    says "worse by at least m" in ~80 % of them (what the minimum detectable difference means)."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    sd, n, margin = 0.4, 4, 1.0
+    true = -stats.minimum_detectable_difference(sd, n, margin)
+    calls = [stats.verdict(list(rng.normal(true, sd, n)), margin).word == stats.WORSE for _ in range(4000)]
+    assert 0.70 < sum(calls) / len(calls) < 0.90
+
+
 def test_one_seed_and_no_shared_seed():
     assert stats.paired_verdict({0: 0.9}, {0: 0.8}, "max").text == "inconclusive (one seed: no interval)"
     assert stats.paired_verdict({5: 0.9}, {0: 0.8}, "max") is None

@@ -346,14 +346,14 @@ def _meta_builder(spec: Any):
     from optbench.workloads import data, get_workload, minilm_path
     from optbench.workloads.base import load_tokenizer
     from optbench.workloads.classify import tiny_bert_config, tiny_width
-    from optbench.workloads.lm import llama_config
+    from optbench.workloads.lm import scratch_config
 
     workload = get_workload(spec.workload)
     if spec.workload == "lm":
         if spec.model:
             config = transformers.AutoConfig.from_pretrained(spec.model)
             return lambda: transformers.AutoModelForCausalLM.from_config(config)
-        config = llama_config(len(load_tokenizer(None)), max(spec.seq_len, 128))
+        config = scratch_config(spec.dataset, spec.seq_len)
         return lambda: transformers.LlamaForCausalLM(config)
     labels = len(data.LABELS)
     source = spec.model or (minilm_path() if getattr(workload, "pretrained", False) else None)

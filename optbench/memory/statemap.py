@@ -339,13 +339,13 @@ def _build(workload: str, model: str | None) -> Any:
 
     from optbench.workloads import data, get_workload, tiny_bert_config
     from optbench.workloads.base import load_tokenizer, minilm_path
-    from optbench.workloads.lm import CausalLM, llama_config
+    from optbench.workloads.lm import CausalLM, scratch_config
 
     kind = get_workload(workload)  # an unknown name fails with the list of known ones
     if isinstance(kind, CausalLM):
         if model:
             return transformers.AutoModelForCausalLM.from_config(_config(model))
-        return transformers.LlamaForCausalLM(llama_config(len(load_tokenizer(None)), 128))
+        return transformers.LlamaForCausalLM(scratch_config(None, 128))
     num_labels = len(data.LABELS)  # the embedded review task a default job fine-tunes on
     source = model or (minilm_path() if kind.pretrained else None)
     if source is None:

@@ -70,13 +70,13 @@ def device_name(device: torch.device) -> str:
 
 def record_from_spec(spec: TrialSpec) -> Record:
     """A record holding the trial's settings, before anything is measured (a failed trial keeps these)."""
-    from optbench.workloads import WorkloadError, default_lr, get_workload
+    from optbench.workloads import LR_USER, WorkloadError, get_workload, lr_for
 
     try:
         entry = resolve(spec.optimizer)
-        name, precision, lr = entry.name, entry.precision, spec.lr or default_lr(spec, entry)
+        name, precision, (lr, source) = entry.name, entry.precision, lr_for(spec, entry)
     except (ValueError, WorkloadError):
-        name, precision, lr = spec.optimizer, "", spec.lr or 0.0
+        name, precision, lr, source = spec.optimizer, "", spec.lr or 0.0, spec.lr_source or LR_USER
     record = Record(
         trial_id=spec.trial_id, optimizer=name, optimizer_kwargs=dict(spec.optimizer_kwargs),
         state_precision=precision, workload=spec.workload, workload_options=dict(spec.workload_options),
@@ -86,6 +86,7 @@ def record_from_spec(spec: TrialSpec) -> Record:
         started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), stage=spec.stage, engine=spec.engine,
         parallel=spec.parallel, world_size=spec.nproc, precision=spec.precision, resume_check=spec.resume_check,
     )
+    record.lr_source = source
     try:
         workload = get_workload(spec.workload)
         record.target_metric, record.target_mode = workload.target_metric, workload.target_mode
@@ -120,6 +121,8 @@ def setup(spec: TrialSpec, record: Record) -> Setup:
     built = workload.build(spec)
     record.model, record.dataset, record.pretrained = built.model_name, built.dataset_name, built.pretrained
     record.val_rows = None if built.val is None else next(iter(built.val.values())).shape[0]
+    record.eval_rows = None if built.eval is None else next(iter(built.eval.values())).shape[0]
+    record.metric_ceiling, record.metric_chance = built.metric_ceiling, built.metric_chance
     model = built.model.to(device=device, dtype=precision.param_dtype)
     model.train()
     optimizer = entry.build_for(model, lr=record.lr, **spec.optimizer_kwargs)
