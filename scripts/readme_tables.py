@@ -56,8 +56,20 @@ def _records(files: tuple[str, ...]) -> list[Record]:
     return [record for name in files for record in read_records(RESULTS / name)]
 
 
+def current_lm(records: list[Record], name: str) -> list[Record]:
+    """The records, unless they are of an LM workload's earlier model (its figures mean another model and corpus)."""
+    from optbench.job.spec import TrialSpec
+    from optbench.workloads import get_workload
+
+    current = get_workload("lm").model_name(TrialSpec("adamw", workload="lm"))
+    stale = sorted({r.model for r in records if r.workload == "lm" and r.model.startswith("llama-")} - {current})
+    if stale:
+        raise NotMeasured(f"{name} records of the current LM, {current} (it holds {', '.join(stale)}),")
+    return records
+
+
 def render_table(table: Table) -> str:
-    summary = summarize(trials_frame(_records(table.files)))
+    summary = summarize(trials_frame(current_lm(_records(table.files), ", ".join(table.files))))
     for label, frame, _, _ in report.display_tables(summary):
         if table.job in label:
             missing = [c for c in table.columns if c not in frame.columns]
@@ -110,7 +122,7 @@ def harness(key: str) -> str:
 
 def side_by_side(*files: str) -> str:
     """The report's side-by-side table (jobs differing only in precision or engine), without its heading."""
-    text = report.render_side_by_side_markdown(summarize(trials_frame(_records(files))))
+    text = report.render_side_by_side_markdown(summarize(trials_frame(current_lm(_records(files), ", ".join(files)))))
     return "\n".join(line for line in text.strip().splitlines() if not line.startswith("###")).strip()
 
 
@@ -150,7 +162,7 @@ def bound(file: str, field: str, decimals: int = 4) -> str:
     """The metric's ceiling (floor) or chance its records agree on (report/bounds.py), as the report prints it."""
     from optbench.report.bounds import single
 
-    value = single(getattr(r, field) for r in _records((file,)) if r.status == "ok")
+    value = single(getattr(r, field) for r in current_lm(_records((file,)), file) if r.status == "ok")
     return "unknown" if value is None else f"{value:,.{decimals}f}"
 
 
@@ -165,6 +177,7 @@ def predictor_band() -> str:
     from optbench.memory.calibration import load_calibrations
 
     held = read_records(RESULTS / "predictor" / "held-out.jsonl")
+    current_lm(held, "predictor/held-out.jsonl")
     table = calibrate.validation_table(held, load_calibrations("cpu"))
     return calibrate.error_band(table, "cpu").describe()
 
@@ -257,6 +270,13 @@ ALL = ("default.jsonl", "registry.jsonl", "smoke-all.jsonl", "resume-fsdp2.jsonl
        "schedule/constant.jsonl", "schedule/linear.jsonl", "lm.jsonl", "precision.jsonl", "engines/native.jsonl",
        "engines/trainer.jsonl", "engines/accelerate.jsonl", "parallel/ddp.jsonl", "parallel/zero1.jsonl",
        "parallel/fsdp2.jsonl", "gate/base.jsonl", "scaling.jsonl", "fidelity.jsonl")
+
+
+def measured() -> tuple[str, ...]:
+    """The files of ALL that are there now (a step whose design changed has none until it re-runs)."""
+    return tuple(name for name in ALL if (RESULTS / name).is_file())
+
+
 DELTA = "accuracy Δ vs adamw (95% CI)"
 DETECTABLE = report.DETECTABLE
 RESUME_COLUMNS = ("optimizer", "status", "state MiB", "ckpt MiB", "ckpt save s", "ckpt load s", "resume",
@@ -299,8 +319,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "gate": gate_table,
 }
 VALUES: dict[str, Callable[[], str]] = {
-    "commit": lambda: commit(*ALL),
-    "load": lambda: load_range(*ALL),
+    "commit": lambda: commit(*measured()),
+    "load": lambda: load_range(*measured()),
     "study.minutes": lambda: sweep_minutes("study.jsonl"),
     "study-control.minutes": lambda: sweep_minutes("study-control.jsonl"),
     "saturated-study.minutes": lambda: sweep_minutes("saturated/study.jsonl"),

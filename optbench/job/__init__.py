@@ -1,6 +1,7 @@
 """What a trial is, before anything runs: `spec.py` (TrialSpec, whose hash is the resume key; the presets and
 study budgets, read from the committed `presets.toml`), `planner.py` (job flags + a preset -> the trials to run,
-the one availability policy). Pure data, no torch: planning is instant and testable.
+the one availability policy), `tuned.py` (the shipped table of tuned lrs, `tuned-lrs.json`, generated from
+committed studies). Pure data, no torch: planning is instant and testable.
 
 Adding a preset: one table in `presets.toml`. Adding a job flag: the flag in cli/options.py, its name in
 `planner.JOB_FLAGS`, its field on TrialSpec.

@@ -1,7 +1,9 @@
 """Records -> answers: `frame.py` (the per-trial frame and per-job summary every renderer reads), `metrics.py`
-(the one table of report columns), `stats.py` (intervals, verdict words, lr choice, time to target),
-`compare.py` (BASE vs NEW: the regression gate), `render.py` (markdown, csv, json, html, terminal),
-`plots.py` and `scaling.py` (figures and the state-vs-params fit).
+(the one table of report columns), `stats.py` (intervals, verdict words and the minimum detectable difference, lr
+choice, time to target), `bounds.py` (what the metric's ceiling and chance say: saturated, untrained),
+`tuning.py` (whether a study's lr range bracketed its optimum), `compare.py` (BASE vs NEW: the regression gate),
+`cells.py` (a summary row's cells as text), `render.py` (markdown, csv, json, html, terminal), `plots.py` and
+`scaling.py` (figures and the state-vs-params fit).
 
 Adding a report column: one `Metric` in `metrics.py` (and the Record field it reads).
 

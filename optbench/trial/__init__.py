@@ -6,5 +6,6 @@ HF Trainer (`OptbenchCallback`).
 It starts no process (optbench/sweep/ does). Adding an engine: a module in `engines/` with
 `train(setup, record) -> EngineResult`, its name in `engines.ENGINES`.
 
-May import: memory (the peak prediction, the state map), workloads, probes, optimizers, job, records.
+May import: memory (the peak prediction, the state map), workloads, report (the untrained rule of the per-rank
+table), probes, optimizers, job, records.
 """
