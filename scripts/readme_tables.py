@@ -166,6 +166,17 @@ def bound(file: str, field: str, decimals: int = 4) -> str:
     return "unknown" if value is None else f"{value:,.{decimals}f}"
 
 
+def run_vs_study() -> str:
+    """Each optimizer's one-seed `run` of the default job against the mean of its study finals, in points: what a
+    user's first command gets at the tuned lr, next to what the study says to expect."""
+    run = trials_frame(_records(("default.jsonl",)))
+    study = trials_frame(_records(("study.jsonl",)))
+    finals = study[study["final"] & (study["status"] == "ok")].groupby("optimizer")["eval_target"].mean()
+    said = [f"{row.optimizer} {100 * (row.eval_target - finals[row.optimizer]):+.1f}"
+            for row in run[run["status"] == "ok"].itertuples() if row.optimizer in finals]
+    return ", ".join(said) + " points"
+
+
 def explain(optimizer: str) -> str:
     from optbench.memory import statemap
 
@@ -325,6 +336,7 @@ VALUES: dict[str, Callable[[], str]] = {
     "study-control.minutes": lambda: sweep_minutes("study-control.jsonl"),
     "saturated-study.minutes": lambda: sweep_minutes("saturated/study.jsonl"),
     "study.ceiling": lambda: bound("study.jsonl", "metric_ceiling"),
+    "default.vs-study": run_vs_study,
     "study.chance": lambda: bound("study.jsonl", "metric_chance"),
     "lm.floor": lambda: bound("lm.jsonl", "metric_ceiling", 2),
     "lm.unigram": lambda: bound("lm.jsonl", "metric_chance", 1),

@@ -159,6 +159,7 @@ def test_an_edge_choice_extends_the_walk_one_grid_point(tmp_path, best, chosen, 
     result, lines = _run(out, lambda spec: ran.append(spec) or trial(spec), search="walk")
     extended = [(s.optimizer, s.lr) for s in ran if s.lr_source == tuning.EXTENDED]
     assert extended == [("adamw", 1e-1)]  # one grid step (x10 on this grid) past its top; adafactor's best is inside
+    assert lines[-1].startswith(f"[{len(ran)}/{len(ran)}] ")  # the progress count includes the extension
     assert {c.optimizer: c.lr for c in result.choices} == {"adamw": chosen, "adafactor": 1e-3}
     summary = summarize(trials_frame(read_records(out))).set_index("optimizer")
     assert summary.loc["adamw", "tune_range"] == note and summary.loc["adafactor", "tune_range"] == ""

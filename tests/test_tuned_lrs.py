@@ -71,7 +71,7 @@ def test_a_matching_job_runs_at_the_tuned_lr_and_any_other_at_the_registry_defau
 def test_run_prints_where_each_lr_came_from_and_records_it(table, tmp_path, monkeypatch, capsys, flags, said,
                                                             source):
     planned = []
-    monkeypatch.setattr("optbench.cli.run.sweep", lambda args, plan, out: planned.extend(plan.specs) or [])
+    monkeypatch.setattr("optbench.sweep.run_sweep", lambda specs, out, **_: planned.extend(specs) or [])
     monkeypatch.setattr("optbench.cli.run.finish", lambda args, out: None)
     argv = ["run", "--workload", "tiny", "--device", "cpu", "--optimizers", "adamw", "--steps", "6",
             "--warmup-steps", "1", "--batch-size", "4", "--seq-len", "16", "--eval-size", "32",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from pathlib import Path
 
@@ -21,31 +20,9 @@ def run_command(args: argparse.Namespace) -> int:
         raise UsageError("--widths only applies with --scale")
     out = args.out or Path("results") / f"{args.preset}.jsonl"
     plan = planner.plan_run(job_flags(args, out), PRESETS[args.preset], args.optimizers, args.seeds)
-    records = sweep(args, with_lrs(plan), out)
+    records = sweep(args, plan, out)
     finish(args, out)
     return exit_status(args, records)
-
-
-def with_lrs(plan):
-    """Each trial's lr settled before it runs (so its trial id holds it), and one line per optimizer saying where it
-    came from: --lr, a committed study's choice for this job (job/tuned.py), or the registry's untuned default."""
-    from optbench import optimizers
-    from optbench.job.planner import Plan
-    from optbench.workloads import LR_DEFAULT, WorkloadError, lr_for
-
-    specs, said = [], set()
-    for spec in plan.specs:
-        try:
-            lr, source = lr_for(spec, optimizers.resolve(spec.optimizer))
-        except WorkloadError as exc:
-            raise UsageError(str(exc)) from None
-        specs.append(dataclasses.replace(spec, lr=lr, lr_source=source))
-        if spec.optimizer not in said:
-            said.add(spec.optimizer)
-            where = {LR_DEFAULT: ": the registry's untuned default (`optbench study` tunes it for this job)",
-                     "user": " (--lr)"}.get(source, f", {source}")
-            print(f"optbench: {spec.optimizer} lr {lr:g}{where}", file=sys.stderr)
-    return Plan(specs, plan.unavailable)
 
 
 def scale(args: argparse.Namespace) -> int:

@@ -4,6 +4,7 @@ executor, one line per finished trial, the report and verdict at the end, and th
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import textwrap
 from pathlib import Path
@@ -13,6 +14,7 @@ from optbench.cli.options import UsageError, load_records
 from optbench.records import exits
 
 if TYPE_CHECKING:
+    from optbench.job.planner import Plan
     from optbench.records.record import Record
 
 
@@ -34,10 +36,29 @@ def sweep(args: argparse.Namespace, plan, out: Path) -> list[Record]:
     except OSError as exc:
         raise UsageError(f"cannot write results to {out}: {exc.strerror or exc} (pass a writable file with --out)") \
             from None
+    plan = with_lrs(plan)
     chosen = executor(args, plan.specs, out)
     skipped = [record_skipped(spec, reason, out, show) for spec, reason in plan.unavailable]
     print(f"optbench: {len(plan.specs) + len(skipped)} trials -> {out}", file=sys.stderr)
     return skipped + run_sweep(plan.specs, out, on_record=show, jobs=args.jobs, executor=chosen)
+
+
+def with_lrs(plan: Plan) -> Plan:
+    """Each trial's lr settled before it runs (so its trial id holds it), and one line per optimizer saying where it
+    came from: --lr, a committed study's choice for this job (job/tuned.py), or the registry's untuned default."""
+    from optbench import optimizers
+    from optbench.workloads import LR_DEFAULT, lr_for
+
+    specs, said = [], set()
+    for spec in plan.specs:  # the inputs are checked: the workload exists
+        lr, source = lr_for(spec, optimizers.resolve(spec.optimizer))
+        specs.append(dataclasses.replace(spec, lr=lr, lr_source=source))
+        if spec.optimizer not in said:
+            said.add(spec.optimizer)
+            where = {LR_DEFAULT: ": the registry's untuned default (`optbench study` tunes it for this job)",
+                     "user": " (--lr)"}.get(source, f", {source}")
+            print(f"optbench: {spec.optimizer} lr {lr:g}{where}", file=sys.stderr)
+    return dataclasses.replace(plan, specs=specs)
 
 
 def executor(args: argparse.Namespace, specs: list, out: Path):

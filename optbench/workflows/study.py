@@ -112,19 +112,17 @@ def extension(grid: Sequence[float], choice: stats.LrChoice) -> float | None:
     return None
 
 
-def extend(names: Sequence[str], grids: dict[str, list[float]], tuning_specs: Sequence[TrialSpec], out: Path,
-           settings: dict[str, Any], budget: StudyBudget, kwargs: dict[str, dict[str, Any]] | None,
-           sweep: dict[str, Any]) -> list[TrialSpec]:
+def extensions(names: Sequence[str], grids: dict[str, list[float]], tune_trials: Sequence[TrialSpec], out: Path,
+               settings: dict[str, Any], budget: StudyBudget,
+               kwargs: dict[str, dict[str, Any]] | None) -> list[TrialSpec]:
     """Where an optimizer's best lr sits at an end of its grid, one more point past it over the tune seeds (marked
-    `extended`); returns those trials. Read from the records, so a rerun extends the same way."""
+    `extended`). Read from the records, so a rerun extends the same way."""
     specs = []
-    for choice in choices_from_file(names, grids, tuning_specs, out, settings["steps"]):
+    for choice in choices_from_file(names, grids, tune_trials, out, settings["steps"]):
         lr = extension(grids[choice.optimizer], choice)
         if lr is not None:
             specs += tune_specs([choice.optimizer], {choice.optimizer: [lr]}, settings, budget.tune_seeds, kwargs,
                                 tuning.EXTENDED)
-    if specs:
-        run_sweep(specs, out, **sweep)
     return specs
 
 
@@ -209,7 +207,10 @@ def run_study(names: Sequence[str], settings: dict[str, Any], budget: StudyBudge
         run_sweep(tune_trials, out, **sweep)
     else:
         tune_trials = walk(names, grids, tune_trials, out, settings["steps"], sweep)
-    extended = extend(names, grids, tune_trials, out, settings, budget, kwargs, sweep)
+    extended = extensions(names, grids, tune_trials, out, settings, budget, kwargs)
+    if extended:
+        progress.total = progress.done + len(extended) + len(names) * len(final_seeds)
+        run_sweep(extended, out, **sweep)
     tune_trials = [*tune_trials, *extended]
     grids = {name: sorted({*grids[name], *(s.lr for s in extended if s.optimizer == name)}) for name in names}
     choices = choices_from_file(names, grids, tune_trials, out, settings["steps"])
