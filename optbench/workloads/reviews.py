@@ -5,7 +5,7 @@ a function of its text; a share of the labels is then redrawn at random (label n
 
 - an **invented lexicon**: nonce adjectives ("vorbish", "klemmy") whose polarity the generator assigns at random.
   A pretrained model cannot know them; it must learn each from the training rows, where it sees each a few dozen
-  times in a study's run. Half the adjectives come from it.
+  times in a study's run. 30 % of the adjectives come from it.
 - the usual lexicon (real adjectives), which pretraining gives away;
 - **negation** ("was not great" is negative; "was not vorbish" flips a nonce word's polarity),
 - **counterfactual comparisons** ("could have been better" is negative),
@@ -27,8 +27,11 @@ import random
 
 LABELS = ("negative", "neutral", "positive")
 LABEL_NOISE = 0.05  # share of labels redrawn uniformly over the classes (a third of those keep their label)
-NONCE_SHARE = 0.5  # share of adjectives drawn from the invented lexicon
-NONCE_PER_POLARITY = 20  # invented adjectives per polarity: 60 in all, each seen a few dozen times in training
+# The difficulty, set with AdamW alone (docs/study.md): at half the adjectives invented, AdamW at 3e-4 ended 19 points
+# under the ceiling after the study's 150 steps; at 30 %, 10.6 points (5-15 was the aim). Fewer invented words (10
+# per class at half the adjectives) did not make it easier: 20 points under.
+NONCE_SHARE = 0.3  # share of adjectives drawn from the invented lexicon
+NONCE_PER_POLARITY = 16  # invented adjectives per polarity: 48 in all, each seen a few dozen times in training
 FRAME_SHARE = 0.15  # share of polar clauses wrapped in a flipping frame ("it is not true that ...")
 COUNTERFACTUAL_SHARE = 0.2
 NEGATION_SHARE = 0.4
