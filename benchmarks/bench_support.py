@@ -69,7 +69,7 @@ SIZES: dict[str, BenchSize] = {
                    finetune_warmup_steps=2, eval_size=64, overhead_steps=40, overhead_warmup_steps=5,
                    overhead_min_pairs=3, overhead_max_pairs=6, overhead_tolerance=0.25),
     # The MiniLM job of `optbench run` (batch 16, seq 32) sized to finish in about 4 minutes on 2 CPU
-    # cores: a 30-step fine-tune instead of 100 steps (accuracy is lower than the run preset's); the harness check
+    # cores: a 30-step fine-tune instead of 150 steps (accuracy is lower than the run preset's); the harness check
     # adds 3 to 10 minutes (about 30 s a pair).
     "default": _size("default", step_rounds=5, train_rounds=3, warmup_rounds=1, finetune_steps=30,
                      finetune_warmup_steps=5, eval_size=256, overhead_steps=20, overhead_warmup_steps=4,

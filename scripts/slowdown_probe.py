@@ -30,7 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from optbench.job.spec import TrialSpec  # noqa: E402
 from optbench.probes.slowdown import busy_wait  # noqa: E402
 from optbench.records.environment import environment  # noqa: E402
-from optbench.trial.run import record_from_spec, setup  # noqa: E402
+from optbench.trial.run import setup  # noqa: E402
+from optbench.trial.settings import settings_record  # noqa: E402
 from optbench.workloads import train_batches  # noqa: E402
 
 MODES = ("off", "sleep", "spin")
@@ -55,7 +56,7 @@ def main(argv: list[str]) -> int:
     out, fraction = Path(argv[0]), float(argv[1]) if len(argv) > 1 else 0.3
     blocks = int(argv[2]) if len(argv) > 2 else 6
     spec = dataclasses.replace(SPEC, workload=argv[3]) if len(argv) > 3 else SPEC  # `tiny`: a quick smoke run
-    s = setup(spec, record_from_spec(spec))
+    s = setup(spec, settings_record(spec))
     order = [mode for b in range(blocks) for mode in (MODES if b % 2 == 0 else MODES[::-1])]
     batches = train_batches(s.built.train, spec.batch_size, (len(order) + 1) * BLOCK_STEPS, spec.seed)
     seen: dict[str, dict[str, list[float]]] = {m: {"step_s": [], "forward_backward_s": [], "late": []} for m in MODES}

@@ -68,7 +68,7 @@ def test_a_trial_probe_outside_the_calibrations_range_is_flagged(probe, disagree
     describe.describe_bandwidth(record, [probe] * 3, _calibration("m"), "file.json")
     assert record.device_bandwidth_probe_disagrees is disagrees and record.device_bandwidth_bytes_per_s == probe
     assert record.roofline_fraction == pytest.approx(10**9 / 0.05 / 6e10)  # the ceiling, never the probe
-    assert metrics.record_values(record)["ceiling"] == ("calibrated; probe disagrees" if disagrees else "calibrated")
+    assert metrics.record_values(record)["bw_ceiling"] == ("calibrated; probe disagrees" if disagrees else "calibrated")
 
 
 def test_an_uncalibrated_record_has_no_roofline_and_says_why():
@@ -76,7 +76,8 @@ def test_an_uncalibrated_record_has_no_roofline_and_says_why():
     measure.describe_speed(record, [0.1], [0.01])
     describe.describe_bandwidth(record, [5e10], None, "uncalibrated: no file")
     values = metrics.record_values(record)
-    assert record.roofline_fraction is None and values["roofline_pct"] is None and values["ceiling"] == "uncalibrated"
+    assert record.roofline_fraction is None and values["roofline_pct"] is None
+    assert values["bw_ceiling"] == "uncalibrated"
     old = Record(optimizer_step_traffic_bytes=10**9, roofline_fraction=1.09, device_bandwidth_bytes_per_s=4e10)
     assert metrics.record_values(old)["roofline_pct"] is None  # divided by its own per-trial probe: not shown
 

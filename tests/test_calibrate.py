@@ -66,7 +66,7 @@ def test_libraries_tried_once_get_no_overhead_of_their_own():
 
 def test_calibrate_refuses_mixed_models_and_skips_failed_trials():
     records = synthetic(SHAPES[:3])
-    records[0] = dataclasses.replace(records[0], model="another-model")
+    records[0] = dataclasses.replace(records[0], model="tiny-bert-h128", workload_options={"hidden_size": 128})
     with pytest.raises(cal.CalibrationError, match="one model"):
         cal.calibrate(records)
     failed = dataclasses.replace(records[1], status="oom", trial_id="failed")

@@ -108,6 +108,7 @@ def test_bitsandbytes_steps_are_named_host_synced_on_cuda():
 
 @pytest.mark.parametrize("impl", [HOST_SYNCED, "fused"])
 def test_the_report_says_why_a_host_synced_roofline_reads_low(impl):
-    rows = pd.DataFrame({"target_metric": ["accuracy"], "impl": [impl], "tune_steps": [None], "schedule": [None]})
+    rows = pd.DataFrame({"target_metric": ["accuracy"], "target_mode": ["max"], "impl": [impl], "tune_steps": [None],
+                         "schedule": [None]})
     said = notes(rows)
     assert ("host-serialised" in said) == (impl == HOST_SYNCED)

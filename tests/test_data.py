@@ -2,8 +2,10 @@
 
 import pandas as pd
 import pytest
+import torch
 
-from optbench.workloads import data
+from optbench.workloads import data, reviews
+from optbench.workloads.classify import classification_metrics, eval_bounds
 
 
 def test_embedded_task_is_seeded_balanced_and_compositional():
@@ -12,8 +14,57 @@ def test_embedded_task_is_seeded_balanced_and_compositional():
     counts = pd.Series(a["label"]).value_counts()
     assert set(counts.index) == {0, 1, 2} and counts.min() > 150
     texts = " ".join(a["text"])
-    for marker in (" but ", "although ", "even though ", " not ", "could have been"):
+    for marker in (" but ", "although ", "even though ", " not ", "could have been", "it is not true that"):
         assert marker in texts
+    invented = {word for words in reviews.invented_lexicon().values() for word in words}
+    assert sum(word in invented for word in texts.replace(",", " ").replace(".", " ").split()) > 100
+
+
+def test_the_invented_lexicon_is_new_words_of_each_polarity():
+    lexicon = reviews.invented_lexicon()
+    words = [word for polarity in (-1, 0, 1) for word in lexicon[polarity]]
+    assert len(words) == len(set(words)) == 3 * reviews.NONCE_PER_POLARITY
+    assert not set(words) & set(reviews._POSITIVE + reviews._NEGATIVE + reviews._NEUTRAL)
+
+
+def test_the_clean_label_is_a_function_of_the_text():
+    """No text carries two clean labels: the Bayes-optimal prediction is defined by the text alone."""
+    texts, _, clean = reviews.generate(3000, seed=11)
+    seen: dict[str, int] = {}
+    assert all(seen.setdefault(text, label) == label for text, label in zip(texts, clean, strict=True))
+
+
+def test_the_ceiling_is_the_share_of_clean_labels_and_a_clean_label_predictor_scores_it_exactly():
+    split = data.generate_reviews(1000, seed=5)
+    labels, clean = list(split["label"]), list(split["clean_label"])
+    ceiling = reviews.accuracy_ceiling(labels, clean)
+    assert ceiling == sum(a == b for a, b in zip(labels, clean, strict=True)) / 1000
+    assert ceiling < 1.0  # the noise changed some labels
+    scored = classification_metrics(torch.tensor(clean), torch.tensor(labels), num_labels=3)
+    assert scored["accuracy"] == pytest.approx(ceiling, abs=1e-6)  # float32 mean of 1,000 hits
+
+
+def test_every_embedded_review_fits_the_default_sequence_length():
+    """A cut review could lose the words that decide it, and the ceiling would no longer be exact."""
+    from optbench.workloads.base import load_tokenizer
+
+    train, held_out = data.embedded_splits()
+    tokenizer = load_tokenizer(None)
+    lengths = [len(ids) for ids in tokenizer(list(train["text"]) + list(held_out["text"]))["input_ids"]]
+    assert max(lengths) <= 32
+
+
+def test_the_workload_records_the_ceiling_only_where_no_eval_row_is_cut():
+    from optbench.workloads.base import load_tokenizer
+
+    tokenizer = load_tokenizer(None)
+    held_out = data.generate_reviews(200, seed=3)
+    ceiling, chance = eval_bounds(tokenizer, held_out, 32)
+    labels = list(held_out["label"])
+    assert ceiling == reviews.accuracy_ceiling(labels, list(held_out["clean_label"]))
+    assert chance == max(labels.count(k) for k in range(3)) / 200
+    assert eval_bounds(tokenizer, held_out, 8)[0] is None  # rows cut at 8 tokens: no exact ceiling
+    assert eval_bounds(tokenizer, held_out.remove_columns("clean_label"), 32) == (None, chance)  # a user's data
 
 
 def test_user_csv_with_string_labels_is_encoded_and_split(tmp_path):

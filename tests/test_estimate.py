@@ -110,7 +110,7 @@ def test_model_counted_from_its_config_on_the_meta_device(capsys):
 def test_measured_state_from_a_results_file(tmp_path, capsys):
     results = tmp_path / "r.jsonl"
     records = [Record(trial_id=f"t{i}", optimizer=name, status=status, state_bytes_per_param=value)
-               for i, (name, status, value) in enumerate([("adamw", "ok", 8.0), ("adamw_torch", "ok", 8.2),
+               for i, (name, status, value) in enumerate([("adamw", "ok", 8.0), ("adamw", "ok", 8.2),
                                                           ("adamw8bit", "error", 99.0), ("sgdx", "ok", 1.0)])]
     results.write_text("".join(json.dumps(r.to_dict()) + "\n" for r in records))
     assert est.measured_bytes_per_param(records) == pytest.approx({"adamw": 8.1})

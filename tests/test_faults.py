@@ -273,11 +273,11 @@ def test_a_results_write_failure_exits_4_with_one_line_and_keeps_the_lines_writt
     out = tmp_path / "r.jsonl"
     real_append, appended = runner.append_record, []
 
-    def full_on_the_second_line(path, record):
+    def full_on_the_second_line(path, record, **kwargs):
         appended.append(record.seed)
         if len(appended) == 2:
             raise OSError(errno.ENOSPC, "No space left on device")
-        real_append(path, record)
+        return real_append(path, record, **kwargs)
 
     def fake_trial(spec):  # a result without figures to print: the harness is under test here, not the trial
         return Record(trial_id=spec.trial_id, optimizer=spec.optimizer, seed=spec.seed, status="oom", error="fake")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -110,7 +111,8 @@ def test_the_predictor_step_passes_on_cpu_records_and_writes_nothing_into_the_pa
     result = gpu_check(Path(sys.executable).parent, "predictor", str(cpu / "calibration.jsonl"),
                        str(cpu / "held-out.jsonl"), "cpu", str(tmp_path / "predictor"))
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("predictor error on 24 held-out cpu trials")
+    # the LM's held-out trials are of its earlier design (llama-h256-l4): left out, by name, not a traceback
+    assert re.match(r"predictor error on \d+ held-out cpu trials", result.stdout), result.stdout
     assert {p.name for p in (tmp_path / "predictor").iterdir()} >= {"held-out.md", "held-out.csv", "cpu.json",
                                                                      "calibration.md"}
     assert package == {p: p.read_bytes() for p in (ROOT / "optbench" / "memory" / "calibrations").glob("*.json")}

@@ -1,6 +1,6 @@
 """The report's figures: the pure helpers on hand-made points, then the figures drawn from hand-made records, read
 back from matplotlib's objects (axes, labels, the points, bars and lines plotted) and from the PNG files written.
-(The Pareto front they draw is stats.pareto_front, tested in test_stats.)"""
+(The Pareto front they draw is pareto.pareto_front, tested in test_stats.)"""
 
 import subprocess
 import sys

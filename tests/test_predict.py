@@ -138,8 +138,8 @@ def test_meta_device_facts_of_the_tiny_and_lm_workloads():
     assert tiny.arch.attention_dropout and not tiny.arch.causal_lm and not tiny.arch.gated_mlp
     assert any(p.embedding for p in tiny.params) and all(p.itemsize == 4 for p in tiny.params)
     lm = predict.facts_for_spec(dataclasses.replace(TINY, workload="lm"))
-    assert lm.name == "llama-h256-l4" and lm.arch.causal_lm and lm.arch.gated_mlp and lm.arch.layers == 4
-    assert sum(p.numel for p in lm.params) == 18_791_680
+    assert lm.name == "llama-h512-l4" and lm.arch.causal_lm and lm.arch.gated_mlp and lm.arch.layers == 4
+    assert sum(p.numel for p in lm.params) == 13_701_632
 
 
 def test_for_trial_predicts_what_predict_peak_says_and_skips_jobs_it_does_not_model():

@@ -73,7 +73,7 @@ def test_bf16_halves_weights_grads_and_full_precision_state_only():
 def test_nothing_fits_is_a_clear_answer_and_exit_1(capsys):
     assert main(["recommend", "--params", "7B", "--gpu-memory", "1GiB"]) == 1
     out = capsys.readouterr().out
-    assert "nothing fits in 1.00 GiB: the smallest, adafactor" in out  # HF's or torch's: both factored
+    assert "nothing fits in 1.00 GiB: the smallest, sgd, " in out  # HF Trainer's plain sgd keeps no state
     assert "try --precision bf16" in out
 
 

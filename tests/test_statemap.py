@@ -136,10 +136,11 @@ def test_module_kinds_of_the_lm_workloads_llama_built_on_the_meta_device():
     model = explain_model(workload="lm")
     assert type(model).__name__ == "LlamaForCausalLM" and next(model.parameters()).device.type == "meta"
     by_module = bytes_by_module(analytic_state_map("adamw", model))
-    # AdamW: 8 bytes per element + a 4-byte step per tensor; untied 30,522 x 256 embedding and head.
-    assert by_module["embeddings"] == by_module["head"] == 8 * 30522 * 256 + 4
-    assert by_module["attention"] == 4 * 4 * (8 * 256 * 256 + 4)  # 4 layers x q, k, v, o
-    assert by_module["norms/biases"] == 9 * (8 * 256 + 4)  # 2 norms per layer + the final one
+    # AdamW: 8 bytes per element + a 4-byte step per tensor; untied 1,024 x 512 embedding and head (the Markov
+    # corpus's token ids).
+    assert by_module["embeddings"] == by_module["head"] == 8 * 1024 * 512 + 4
+    assert by_module["attention"] == 4 * 4 * (8 * 512 * 512 + 4)  # 4 layers x q, k, v, o
+    assert by_module["norms/biases"] == 9 * (8 * 512 + 4)  # 2 norms per layer + the final one
     assert by_module["shared"] == 0
 
 

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from optbench.records.record import Record
-from optbench.report import stats
+from optbench.report import pareto, stats
 
 
 @pytest.mark.parametrize(("n", "expected"), [(2, 12.7062), (3, 4.3027), (5, 2.7764), (11, 2.2281)])
@@ -61,6 +61,29 @@ def test_seeds_to_settle_by_hand():
     assert stats.seeds_to_settle(-3.0, 0.0, 1.0) == 2  # no spread: the next seed settles it
     assert stats.seeds_to_settle(-1.0, 1.0, 1.0) is None  # sitting on -m: no number of seeds decides it
     assert stats.seeds_to_settle(0.0, 100.0, 1.0) is None  # beyond MAX_SEEDS
+
+
+def test_minimum_detectable_difference_by_hand():
+    """m + (t(0.975, n-1) + t(0.8, n-1)) s / sqrt(n); printed t tables: t(0.975, 3) = 3.182, t(0.8, 3) = 0.978,
+    t(0.975, 9) = 2.262, t(0.8, 9) = 0.883. n = 4, s = 0.5, m = 1: 1 + 4.160 x 0.25 = 2.040."""
+    assert stats.minimum_detectable_difference(0.5, 4, 1.0) == pytest.approx(1 + (3.182 + 0.978) * 0.5 / 2, abs=2e-3)
+    assert stats.minimum_detectable_difference(0.3, 10, 1.0) == pytest.approx(
+        1 + (2.262 + 0.883) * 0.3 / math.sqrt(10), abs=2e-3)
+    assert stats.minimum_detectable_difference(0.5, 1, 1.0) is None  # one seed: no interval, no power
+    verdict = stats.paired_verdict(_shifted([-2.0, 1.0, 0.5]), REF, "max")  # s = 1.6073 points, n = 3
+    assert verdict.detectable == pytest.approx(1 + (4.303 + 1.061) * 1.6073 / math.sqrt(3), abs=5e-3)
+
+
+def test_a_difference_the_size_of_the_mdd_is_called_worse_in_about_80_percent_of_studies():
+    """Simulated paired studies at n = 4 with normal differences of SD s, the true difference -MDD: the verdict
+    says "worse by at least m" in ~80 % of them (what the minimum detectable difference means)."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    sd, n, margin = 0.4, 4, 1.0
+    true = -stats.minimum_detectable_difference(sd, n, margin)
+    calls = [stats.verdict(list(rng.normal(true, sd, n)), margin).word == stats.WORSE for _ in range(4000)]
+    assert 0.70 < sum(calls) / len(calls) < 0.90
 
 
 def test_one_seed_and_no_shared_seed():
@@ -117,7 +140,7 @@ def test_a_crossing_is_interpolated_between_the_evaluations_around_it_and_their_
     ([1, 2, 3], [0.7, 0.8, 0.9], [0, 1, 2]),
 ])
 def test_pareto_front(memory, accuracy, front):
-    assert stats.pareto_front(memory, accuracy) == front
+    assert pareto.pareto_front(memory, accuracy) == front
 
 
 def test_performance_profile_and_score():
@@ -125,12 +148,12 @@ def test_performance_profile_and_score():
              "job b": {"adamw": 30.0, "adafactor": 15.0, "adamw8bit": 45.0},
              "job c": {"adamw": 5.0, "adafactor": math.inf, "adamw8bit": 5.0}}  # inf: the median missed
     taus = [1.0, 2.0, 3.0, 4.0]
-    profile = stats.performance_profile(times, taus)
+    profile = pareto.performance_profile(times, taus)
     assert profile["adamw"] == pytest.approx([2 / 3, 1.0, 1.0, 1.0])
     assert profile["adafactor"] == pytest.approx([1 / 3, 2 / 3, 2 / 3, 2 / 3])
     assert profile["adamw8bit"] == pytest.approx([1 / 3, 1 / 3, 2 / 3, 2 / 3])
-    assert stats.profile_score([1.0] * 4, taus) == pytest.approx(1.0)
-    assert stats.profile_score([0.5, 1.0, 1.0, 1.0], taus) == pytest.approx((0.75 + 1 + 1) / 3)
+    assert pareto.profile_score([1.0] * 4, taus) == pytest.approx(1.0)
+    assert pareto.profile_score([0.5, 1.0, 1.0, 1.0], taus) == pytest.approx((0.75 + 1 + 1) / 3)
 
 
 # --- the lr choice -------------------------------------------------------------------------------------

@@ -152,6 +152,49 @@ def test_a_killed_walk_reruns_to_the_same_trials_and_choice(tmp_path):
     assert {c.optimizer: c.lr for c in result.choices} == BEST_LR
 
 
+def _peaked_at(best: dict[str, float]):
+    """A fake trial whose validation accuracy peaks at `best` (which may lie past the grid), carrying its lr source
+    as real trials do."""
+    def trial(spec: TrialSpec) -> Record:
+        record = fake_trial(spec)
+        record.lr_source = spec.lr_source
+        if record.status == "ok":
+            score = 0.9 - 0.1 * abs(math.log10(spec.lr / best[spec.optimizer]))
+            record.val_metrics, record.val_metric = {"accuracy": score}, score
+        return record
+    return trial
+
+
+@pytest.mark.parametrize(("best", "chosen", "note"), [
+    (2e-2, 1e-2, "extended"),  # the step past 1e-2 (1e-1) is worse: 1e-2 is bracketed
+    (1e-1, 1e-1, "extended, edge"),  # the step past is the best: the optimum may lie further out, and it says so
+])
+def test_an_edge_choice_extends_the_walk_one_grid_point(tmp_path, best, chosen, note):
+    from optbench.report import tuning
+    from optbench.report.frame import summarize, trials_frame
+
+    out, ran = tmp_path / "study.jsonl", []
+    trial = _peaked_at({"adamw": best, "adafactor": 1e-3})
+    result, lines = _run(out, lambda spec: ran.append(spec) or trial(spec), search="walk")
+    extended = [(s.optimizer, s.lr) for s in ran if s.lr_source == tuning.EXTENDED]
+    assert extended == [("adamw", 1e-1)]  # one grid step (x10 on this grid) past its top; adafactor's best is inside
+    assert lines[-1].startswith(f"[{len(ran)}/{len(ran)}] ")  # the progress count includes the extension
+    assert {c.optimizer: c.lr for c in result.choices} == {"adamw": chosen, "adafactor": 1e-3}
+    summary = summarize(trials_frame(read_records(out))).set_index("optimizer")
+    assert summary.loc["adamw", "tune_range"] == note and summary.loc["adafactor", "tune_range"] == ""
+    again = []
+    _run(out, lambda spec: again.append(spec) or trial(spec), search="walk")
+    assert again == []  # a rerun retraces the extension from the records: nothing new runs
+
+
+def test_step_past_a_grid_is_its_mean_log_spacing():
+    from optbench.report import tuning
+
+    assert tuning.step_past([1e-5, 5e-5, 3e-4], upward=True) == 1.64e-3  # 3e-4 x sqrt(30)
+    assert tuning.step_past([3e-5, 3e-4, 3e-3], upward=False) == 3e-6
+    assert study.extension([1e-4], _choice({1e-4: 0.9})) is None  # a grid of one lr (--lr) is the user's
+
+
 def _choice(values: dict[float, float | None], band: float = 0.02) -> stats.LrChoice:
     points = [stats.LrPoint(lr, "ok" if v is not None else "diverged", v, (v,) if v is not None else ())
               for lr, v in values.items()]

@@ -145,9 +145,10 @@ def _add_slurm(slurm) -> None:
 # sbatch options optbench sets itself, and the flag that sets each.
 def add_optimizer_arguments(parser: argparse.ArgumentParser, preset_default: str, preset_help: str) -> None:
     parser.add_argument("--preset", choices=sorted(PRESETS), default=preset_default, help=preset_help)
-    parser.add_argument("--optimizers", type=name_list, default=list(optimizers.DEFAULT_OPTIMIZERS),
+    parser.add_argument("--optimizers", type=name_list,
                         help="comma-separated registry names or HF Trainer aliases (see `optbench list`), "
-                             "or 'all' for every entry available here")
+                             "or 'all' for every entry available here (default: the preset's, else "
+                             f"{','.join(optimizers.DEFAULT_OPTIMIZERS)})")
     parser.add_argument("--seeds", type=int_list, help="comma-separated seeds, e.g. 0,1,2")
     parser.add_argument("--out", type=Path, help="results file (default: results/<preset>.jsonl); resumed if present")
     parser.add_argument("--no-figures", action="store_true",

@@ -5,6 +5,7 @@ ends with."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import textwrap
 from pathlib import Path
@@ -14,6 +15,7 @@ from optbench.cli.options import UsageError, load_records
 from optbench.records import exits
 
 if TYPE_CHECKING:
+    from optbench.job.planner import Plan
     from optbench.records.record import Record
 
 
@@ -35,12 +37,31 @@ def sweep(args: argparse.Namespace, plan, out: Path) -> list[Record]:
     except OSError as exc:
         raise UsageError(f"cannot write results to {out}: {exc.strerror or exc} (pass a writable file with --out)") \
             from None
-    chosen = executor(args, plan.specs, out)
+    chosen = executor(args, plan.specs, out)  # a misused flag is one line before anything else is said
+    plan = with_lrs(plan)
     print(f"optbench: {len(plan.specs) + len(plan.unavailable)} trials -> {out}", file=sys.stderr)
     try:
         return run_sweep(plan.specs, out, on_record=show, jobs=args.jobs, executor=chosen, skipped=plan.unavailable)
     except DeviceError as exc:  # a cuda:N outside the GPUs this process may use
         raise UsageError(str(exc)) from None
+
+
+def with_lrs(plan: Plan) -> Plan:
+    """Each trial's lr settled before it runs (so its trial id holds it), and one line per optimizer saying where it
+    came from: --lr, a committed study's choice for this job (job/tuned.py), or the registry's untuned default."""
+    from optbench import optimizers
+    from optbench.workloads import LR_DEFAULT, lr_for
+
+    specs, said = [], set()
+    for spec in plan.specs:  # the inputs are checked: the workload exists
+        lr, source = lr_for(spec, optimizers.resolve(spec.optimizer))
+        specs.append(dataclasses.replace(spec, lr=lr, lr_source=source))
+        if spec.optimizer not in said:
+            said.add(spec.optimizer)
+            where = {LR_DEFAULT: ": the registry's untuned default (`optbench study` tunes it for this job)",
+                     "user": " (--lr)"}.get(source, f", {source}")
+            print(f"optbench: {spec.optimizer} lr {lr:g}{where}", file=sys.stderr)
+    return dataclasses.replace(plan, specs=specs)
 
 
 def executor(args: argparse.Namespace, specs: list, out: Path):

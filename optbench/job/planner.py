@@ -38,8 +38,11 @@ class Plan:
     unavailable: list[tuple[TrialSpec, str]]
 
 
-def resolve_names(names: Sequence[str]) -> list[str]:
-    """Registry names for `names` (aliases folded, duplicates dropped, order kept); `all`: every available entry."""
+def resolve_names(names: Sequence[str] | None, preset: Preset | None = None) -> list[str]:
+    """Registry names for `names` (aliases folded, duplicates dropped, order kept); `all`: every available entry;
+    None: the preset's optimizers, or the registry's default three."""
+    if names is None:
+        names = (preset.optimizers if preset else ()) or optimizers.DEFAULT_OPTIMIZERS
     if [n.lower() for n in names] == ["all"]:
         names = optimizers.available_names()
     try:
@@ -119,9 +122,10 @@ def job_settings(flags: Mapping[str, Any], preset: Preset) -> dict[str, Any]:
     return settings
 
 
-def plan_run(flags: Mapping[str, Any], preset: Preset, names: Sequence[str], seeds: Sequence[int] | None) -> Plan:
+def plan_run(flags: Mapping[str, Any], preset: Preset, names: Sequence[str] | None,
+             seeds: Sequence[int] | None) -> Plan:
     """`run`: every optimizer x seed of one job."""
-    names = resolve_names(names)
+    names = resolve_names(names, preset)
     kwargs = optimizer_kwargs(flags.get("optimizer_kwargs") or (), names)
     if seeds is not None and not seeds:
         raise PlanError("--seeds is empty")
@@ -169,14 +173,14 @@ def study_budget(preset_name: str, flags: Mapping[str, Any]) -> StudyBudget:
     return dataclasses.replace(budget, **changes)
 
 
-def plan_study(flags: Mapping[str, Any], preset_name: str, names: Sequence[str]) -> StudyPlan:
+def plan_study(flags: Mapping[str, Any], preset_name: str, names: Sequence[str] | None) -> StudyPlan:
     """`study`: the same job flags as `run`; every study trial evaluates on the eval curve (time to target)."""
     budget = study_budget(preset_name, flags)
     settings = job_settings(flags, PRESETS[preset_name])
     settings["eval_every"] = settings["eval_every"] or min(budget.eval_every, settings["steps"])
     lr = settings.pop("lr")
     grid = sorted(flags["lr_grid"]) if flags.get("lr_grid") else [lr] if lr else None
-    names = resolve_names(names)
+    names = resolve_names(names, PRESETS[preset_name])
     plan = split_unavailable([TrialSpec(optimizer=name, **settings) for name in names])
     runnable = [spec.optimizer for spec in plan.specs]
     return StudyPlan(runnable, settings, budget, optimizer_kwargs(flags.get("optimizer_kwargs") or (), names),

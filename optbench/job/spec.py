@@ -1,5 +1,7 @@
 """Sweep planning: presets and the grid of trials. Pure data, no torch, so `plan` is instant and testable.
 
+The presets and study designs live in presets.toml beside this module (a committed file, each number with why).
+
 A `TrialSpec` holds every setting that changes what a trial measures; its `trial_id` is a stable hash
 of those settings, which is how a re-run recognises (and skips) trials already recorded `ok`.
 """
@@ -9,8 +11,15 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
 
 
 @dataclass(frozen=True)
@@ -23,26 +32,7 @@ class Preset:
     eval_size: int
     seeds: tuple[int, ...]
     timeout_s: float
-
-
-PRESETS: dict[str, Preset] = {
-    # Seconds per optimizer on 2 CPU cores: enough steps to exercise every code path, not to learn much.
-    "smoke": Preset("minilm", steps=8, warmup_steps=2, batch_size=8, seq_len=32, eval_size=64,
-                    seeds=(0,), timeout_s=300),
-    # About a minute and a half per optimizer on 2 CPU cores; AdamW learns the task well but not perfectly.
-    "default": Preset("minilm", steps=100, warmup_steps=10, batch_size=16, seq_len=32, eval_size=512,
-                      seeds=(0,), timeout_s=900),
-    # `study`'s default: three optimizers walking three-lr grids at 150 steps (seed 0), then seeds 1-3 at the
-    # chosen lr, scored on the whole 1,000-row eval split, in under 30 minutes on 2 CPU cores (~0.4-0.9 s per
-    # step plus ~20 s per trial). 150 steps, not 100: at 100 the chosen lr has not settled, and AdamW's seeds
-    # spread several points; four seeds, not three: three left 8-bit AdamW's interval too wide to decide
-    # (docs/study.md).
-    "study": Preset("minilm", steps=150, warmup_steps=15, batch_size=16, seq_len=32, eval_size=1000,
-                    seeds=(0, 1, 2, 3), timeout_s=900),
-    # For GPUs: longer, larger batches, three seeds for error bars.
-    "nightly": Preset("minilm", steps=400, warmup_steps=40, batch_size=32, seq_len=64, eval_size=1000,
-                      seeds=(0, 1, 2), timeout_s=1800),
-}
+    optimizers: tuple[str, ...] = ()  # what a sweep of it compares; empty: the registry's default three
 
 
 @dataclass(frozen=True)
@@ -61,20 +51,30 @@ class StudyBudget:
     search: str = "walk"  # "walk" from the default lr (study.next_on_walk) or "grid": every point at once
 
 
-STUDY_BUDGETS: dict[str, StudyBudget] = {
-    # Under 3 minutes on 2 CPU cores: 3 optimizers x 2 lrs x 8 steps, then one more seed (two: the fewest with
-    # an interval).
-    "smoke": StudyBudget(lr_points=2, eval_every=4, seeds=(0, 1)),
-    # 3 optimizers walking 3 lrs at 150 steps, then seeds 1-3 at the chosen lr: under half an hour on 2 CPU cores.
-    "study": StudyBudget(lr_points=3, eval_every=25, seeds=(0, 1, 2, 3)),
-    "default": StudyBudget(lr_points=3, eval_every=20),
-    "nightly": StudyBudget(lr_points=5, eval_every=40, tune_seeds=(0, 1)),
-}
+PRESETS_FILE = Path(__file__).with_name("presets.toml")
+
+
+def _tables(kind: str, cls: type) -> dict[str, Any]:
+    """The file's [KIND.NAME] tables as `cls` instances; `based_on` copies another table of the kind first."""
+    with PRESETS_FILE.open("rb") as handle:
+        raw = tomllib.load(handle)[kind]
+
+    def resolved(name: str) -> dict[str, Any]:
+        table = dict(raw[name])
+        base = table.pop("based_on", None)
+        return {**(resolved(base) if base else {}), **table}
+
+    return {name: cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in resolved(name).items()})
+            for name in raw}
+
+
+PRESETS: dict[str, Preset] = _tables("preset", Preset)
+STUDY_BUDGETS: dict[str, StudyBudget] = _tables("study", StudyBudget)
 
 
 PRECISIONS = ("fp32", "bf16-autocast", "fp16-autocast", "bf16")  # see optbench/trial/precision.py
 SCHEDULES = ("linear", "constant", "cosine", "wsd")  # see optbench/trial/schedules.py; linear is HF Trainer's default
-_NOT_IN_ID = ("timeout_s", "max_memory_bytes", "state_map_dir")
+_NOT_IN_ID = ("timeout_s", "max_memory_bytes", "state_map_dir", "lr_source")
 _LATER_FIELDS = ("stage", "val_fraction", "precision", "eval_every", "target", "engine", "parallel", "nproc",
                  "workload_options", "resume_check")
 
@@ -95,6 +95,8 @@ class TrialSpec:
     seq_len: int = 32
     eval_size: int = 512
     lr: float | None = None  # None: the registry's default learning rate for this optimizer
+    # where `lr` came from (tuned: <study file> | registry default | user | study: ...); not in trial_id: the lr is
+    lr_source: str | None = None
     optimizer_kwargs: dict[str, Any] = field(default_factory=dict)
     fidelity: bool = False  # also run a shadow fp32 AdamW and record update cosine / relative error
     timeout_s: float = 900.0
@@ -113,6 +115,9 @@ class TrialSpec:
     workload_options: dict[str, Any] = field(default_factory=dict)  # the workload's parameters, e.g. hidden_size
     resume_check: bool = False  # save at the middle step, resume in fresh objects, compare (optbench/resume.py)
     state_map_dir: str | None = None  # write the measured per-parameter state map (CSV) here; not in trial_id
+    # What a trial trains on. Every trial now leaves the validation rows out of training (a run trains as a study's
+    # trial does); always in trial_id, so no trial recorded when runs trained on every row passes for one of these.
+    train_rows: str = "without-val"
 
     @property
     def trial_id(self) -> str:

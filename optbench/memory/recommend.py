@@ -5,7 +5,7 @@ measured per parameter from results) plus, when results are given, the activatio
 in them (`other_peak_bytes`: peak minus weights, grads and state). Quality is the results' target metric
 (metrics.eval_target: accuracy for a classifier, perplexity for the `lm` workload, with its direction), and
 how it compares with AdamW is said in the verdict words of stats.py (paired over the seeds both ran).
-Among the optimizers that fit, the ones on the Pareto front (stats.pareto_front: no other fitting optimizer
+Among the optimizers that fit, the ones on the Pareto front (pareto.pareto_front: no other fitting optimizer
 needs less memory *and* scores at least as well) come first; then the rest that fit; then what does not fit.
 
 From results, only one job's final trials count, as the report reads them (report/frame.py): a study's lr walk
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from optbench.memory import estimate as est
 from optbench.optimizers import REGISTRY, UnknownOptimizerError, resolve
 from optbench.records.record import REFERENCE_OPTIMIZER, Record
-from optbench.report import stats
+from optbench.report import pareto, stats
 from optbench.report.metrics import eval_target
 
 
@@ -50,7 +50,7 @@ class Recommendation:
         return self.estimate.per_gpu_bytes() + (self.activation_bytes or 0)
 
     def point(self) -> tuple[float, float]:
-        """(memory, quality) with larger quality better, for stats.dominates."""
+        """(memory, quality) with larger quality better, for pareto.dominates."""
         return self.total_bytes, (self.quality if self.mode == "max" else -self.quality)  # type: ignore[operator]
 
 
@@ -146,7 +146,7 @@ def recommend(size: est.ModelSize, budget_bytes: int, records: Sequence = (), pr
             metric=quality.metric, mode=quality.mode, job=finals.job, other_jobs=finals.other_jobs))
     rows = [dataclasses.replace(r, fits=r.total_bytes <= budget_bytes) for r in rows]
     scored = [r for r in rows if r.fits and r.quality is not None]
-    front = {id(scored[i]) for i in stats.pareto_front(*zip(*(r.point() for r in scored), strict=True))} \
+    front = {id(scored[i]) for i in pareto.pareto_front(*zip(*(r.point() for r in scored), strict=True))} \
         if scored else set()
     rows = [dataclasses.replace(r, pareto=id(r) in front) for r in rows]
     return sorted(rows, key=lambda r: (not r.fits, not r.pareto, r.total_bytes))
@@ -154,7 +154,7 @@ def recommend(size: est.ModelSize, budget_bytes: int, records: Sequence = (), pr
 
 def _dominator(row: Recommendation, others: Sequence[Recommendation]) -> Recommendation | None:
     """An optimizer needing no more memory and scoring no worse, strictly better in one: `row` is dominated."""
-    return next((o for o in others if o is not row and stats.dominates(o.point(), row.point())), None)
+    return next((o for o in others if o is not row and pareto.dominates(o.point(), row.point())), None)
 
 
 def _gib(n_bytes: float) -> str:

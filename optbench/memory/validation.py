@@ -40,7 +40,19 @@ def unusable_reason(record: Record) -> str | None:
                (record.resume_check, "--resume-check (a checkpoint in the peak)"),
                (bool(record.eval_curve), "--eval-every (evaluations inside the memory window)"),
                (measured_peak(record) is None, "no measured peak"))
-    return next((reason for failed, reason in reasons if failed), None)
+    return next((reason for failed, reason in reasons if failed), None) or _unbuildable(record)
+
+
+def _unbuildable(record: Record) -> str | None:
+    """Why the record's model cannot be built on the meta device here (its workload's earlier default model, whose
+    name no longer is a default, or a model neither local nor in the local cache); None when it can."""
+    from optbench.workloads import WorkloadError
+
+    try:
+        predict.facts_for_spec(spec_for(record))
+    except WorkloadError:
+        return "a model that cannot be built here (an earlier design of the workload's, or not on this machine)"
+    return None
 
 
 def usable(record: Record) -> bool:

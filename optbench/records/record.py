@@ -69,6 +69,9 @@ class Record:
     seq_len: int = 0
     eval_size: int = 0
     lr: float = 0.0
+    # where the lr came from: "tuned: <study file>" (the shipped table of tuned lrs), "registry default" (untuned),
+    # "user" (--lr), or "study" (a study's grid point or its choice)
+    lr_source: str | None = None
     schedule: str = "linear"  # lr after the warm-up: constant | linear | cosine | wsd (optbench/trial/schedules.py)
     # model side
     num_params: int | None = None
@@ -181,6 +184,13 @@ class Record:
     val_metric: float | None = None  # val_metrics[target_metric]
     val_accuracy: float | None = None  # val_metrics["accuracy"] where the workload has one
     val_rows: int | None = None  # rows of the validation split: its binomial noise sets the study's near-tie band
+    eval_rows: int | None = None  # rows of the eval split: its binomial noise tells a ceiling from a result near it
+    # The target metric's bounds on the eval split, from the workload: the best any model can score where the data's
+    # generator makes it exact (the embedded review task's clean-label share, the Markov corpus's own perplexity;
+    # None for a user's data), and what a model that ignores its input scores (the majority class's share, the
+    # unigram perplexity): a result near it did not train, and the report says `untrained`.
+    metric_ceiling: float | None = None
+    metric_chance: float | None = None
     target_metric: str = "accuracy"
     target_mode: str = "max"
     eval_curve: list[list[float]] = field(default_factory=list)  # [step, training seconds, target metric]

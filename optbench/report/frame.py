@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from optbench.records.record import REFERENCE_OPTIMIZER, Record, job_key, split_peak_memory
-from optbench.report import metrics, stats
+from optbench.report import bounds, metrics, stats, tuning
 from optbench.report.metrics import MEAN, MEDIAN_INF, MEMORY_HEADLINE, SPEED_HEADLINE, TEXT, Metric, record_values
 
 TARGET_SHARE = 0.95  # default target: 95 % of the best final mean ("max"), best / 0.95 ("min")
@@ -31,7 +31,8 @@ MEM_SAVED = f"mem saved % vs {REFERENCE_OPTIMIZER}"
 SPEED = f"speed x vs {REFERENCE_OPTIMIZER}"
 LOOSE_FIELDS = ("steps", "warmup_steps", "eval_size")  # what a schema-1 tune record may differ in from its finals
 SIDE_BY_SIDE_FIELDS = ("precision", "engine")  # jobs differing only in these share the side-by-side table
-TUNING = ("tuned_lr", "tune_steps", "tune_points", "tunability", "tune_band", "tune_band_basis", "tune_seeds")
+TUNING = ("tuned_lr", "tune_steps", "tune_points", "tunability", "tune_band", "tune_band_basis", "tune_seeds",
+          "tune_range")
 
 
 def job_label(key: dict[str, Any]) -> str:
@@ -69,6 +70,8 @@ def _row(record: Record) -> dict[str, Any]:
     copy.job_key = key
     row = copy.to_dict()
     row.update(record_values(copy), record=copy, job_id=job_id(key))
+    row["untrained"] = copy.status == "ok" and bounds.untrained(row["eval_target"], copy.metric_chance,
+                                                                 copy.target_mode)
     return row
 
 
@@ -136,8 +139,9 @@ def _mark_finals(frame: pd.DataFrame, choices: dict[tuple[str, str], stats.LrCho
             final |= rows & (frame["stage"] == "tune") & frame["eval_target"].notna() & np.isclose(
                 frame["lr"].astype(float), lr, rtol=1e-9, atol=0)
         ok = sum(point.status == "ok" for point in choice.points)
+        sources = frame.loc[rows & (frame["stage"] == "tune"), "lr_source"]
         values = (choice.lr, choice.tune_steps, f"{ok}/{len(choice.points)}", choice.tunability, choice.band,
-                  choice.band_basis, choice.tune_seeds)
+                  choice.band_basis, choice.tune_seeds, tuning.range_note(choice, sources))
         for column, value in zip(TUNING, values, strict=True):
             frame.loc[rows, column] = value
     frame["final"] = final
@@ -222,6 +226,8 @@ def _summary_row(group: pd.DataFrame, of_trials: int) -> dict[str, Any]:
             row.update(aggregate(metric, group[metric.column]))
         brackets = pd.to_numeric(group["time_to_target_bracket_s"], errors="coerce").dropna()
         row["time_to_target_s_resolution"] = float(brackets.median()) if len(brackets) else None
+        row.update(untrained=int(group["untrained"].sum()), metric_ceiling=bounds.single(group["metric_ceiling"]),
+                   metric_chance=bounds.single(group["metric_chance"]), eval_rows=bounds.single(group["eval_rows"]))
     return row
 
 
@@ -267,20 +273,43 @@ def add_relative(finals: pd.DataFrame, summary: pd.DataFrame, margin: float | No
         reference = per_seed(trials, REFERENCE_OPTIMIZER)
         for index, row in rows.iterrows():
             if row["optimizer"] != REFERENCE_OPTIMIZER:
-                _add_verdict(summary, index, per_seed(trials, row["optimizer"]), reference, mode, scale,
-                             summary.at[index, "margin"])
+                found = stats.paired_verdict(per_seed(trials, row["optimizer"]), reference, mode, summary.at[
+                    index, "margin"], scale)
+                _add_verdict(summary, index, found, trials, (row, ref_row))
 
 
-def _add_verdict(summary: pd.DataFrame, index: Any, candidate: dict[int, float], reference: dict[int, float],
-                 mode: str, scale: str, margin: float) -> None:
-    found = stats.paired_verdict(candidate, reference, mode, margin, scale)
+def _arm(trials: pd.DataFrame, optimizer: str) -> bounds.Arm:
+    ok = trials[(trials["optimizer"] == optimizer) & (trials["status"] == "ok") & trials["eval_target"].notna()]
+    return bounds.Arm(optimizer, ok["eval_target"].astype(float).tolist(), ok["eval_curve"].tolist(),
+                      int(ok["steps"].max()) if len(ok) else 0)
+
+
+def _fully_untrained(row: pd.Series) -> bool:
+    return bool(row.get("untrained")) and row.get("untrained") == row.get(f"{metrics.QUALITY_METRIC.column}_n")
+
+
+def _add_verdict(summary: pd.DataFrame, index: Any, found: stats.Verdict | None, trials: pd.DataFrame,
+                 pair: tuple[pd.Series, pd.Series]) -> None:
+    """The paired difference, its verdict (saturated where bounds.saturation says so) and the minimum detectable
+    difference; a pair where either arm did not train gets no figure, only `untrained`."""
     if found is None:
         return
+    if any(_fully_untrained(row) for row in pair):
+        summary.loc[index, "delta_untrained"] = True
+        return
+    row = pair[0]
+    mode, scale, margin = str(row["target_mode"]), str(summary.at[index, "target_scale"]), found.margin
+    arms = [_arm(trials, str(side["optimizer"])) for side in pair]
+    why = bounds.saturation(arms, row.get("metric_ceiling"), row.get("eval_rows"), str(row["target_metric"]), mode,
+                            scale, margin)
+    if why and found.word in bounds.SAMENESS:
+        found = dataclasses.replace(found, word=stats.SATURATED, text=f"saturated: {why}", seeds_needed=None)
     sign = 1.0 if mode == "max" else -1.0  # shown as the metric moves (perplexity up = worse)
     summary.loc[index, ["delta_vs_adamw", "delta_vs_adamw_ci", "delta_vs_adamw_n", "delta_unit"]] = (
         sign * found.difference.mean, found.difference.half_width, found.difference.n, found.unit)
     summary.loc[index, ["verdict_vs_adamw", "verdict_word_vs_adamw", "verdict_excludes_zero"]] = (
         found.text, found.word, found.excludes_zero)
+    summary.loc[index, "detectable_vs_adamw"] = found.detectable
 
 
 def time_to_target_by_job(summary: pd.DataFrame) -> dict[str, dict[str, float | None]]:

@@ -42,6 +42,7 @@ class Metric:
     hide_for_target: str | None = None  # not shown when the job's target metric is this (a duplicate column)
     invalid_above: float | None = None  # a value above this is a measurement failure, never a result
     invalid_text: str = ""
+    scored: bool = False  # a score of the model's predictions: `untrained` where the job did not train (bounds.py)
 
     def name(self, metric: str = "accuracy") -> str:
         return (self.label or self.title).format(metric=metric)
@@ -177,13 +178,14 @@ METRICS: tuple[Metric, ...] = (
            invalid_text="calib. fail"),
     Metric("bandwidth_gb_s", "bandwidth GB/s", "GB/s", 1, None,
            _scaled("device_bandwidth_calibrated_bytes_per_s", 1e-9)),  # the calibrated ceiling
-    Metric("ceiling", "ceiling", "", 0, None, _ceiling, aggregate=TEXT),
+    Metric("bw_ceiling", "bw ceiling", "", 0, None, _ceiling, aggregate=TEXT),
     Metric("probe_gb_s", "probe GB/s", "GB/s", 1, None, _scaled("device_bandwidth_bytes_per_s", 1e-9)),  # a check
-    Metric("eval_target", "eval {metric}", "", 4, TARGET, eval_target, QUALITY, compact=True),
+    Metric("eval_target", "eval {metric}", "", 4, TARGET, eval_target, QUALITY, compact=True, scored=True),
     Metric("steps_to_target", "steps to target", "steps", 0, LOWER, None, aggregate=MEDIAN_INF),
     Metric("time_to_target_s", "time to target s", "s", 1, LOWER, None, aggregate=MEDIAN_INF),
-    Metric("eval_accuracy", "eval acc", "", 3, HIGHER, _scaled("eval_accuracy", 1), hide_for_target="accuracy"),
-    Metric("eval_f1", "eval F1", "", 3, HIGHER, _scaled("eval_f1", 1)),
+    Metric("eval_accuracy", "eval acc", "", 3, HIGHER, _scaled("eval_accuracy", 1), hide_for_target="accuracy",
+           scored=True),
+    Metric("eval_f1", "eval F1", "", 3, HIGHER, _scaled("eval_f1", 1), scored=True),
     Metric("update_cosine_median", "update cos", "", 4, HIGHER, _scaled("update_cosine_median", 1)),  # --fidelity
     Metric("ckpt_mib", "ckpt MiB", "MiB", 1, LOWER, _scaled("checkpoint_bytes", 1 / MIB)),
     Metric("ckpt_save_s", "ckpt save s", "s", 2, LOWER, _scaled("checkpoint_save_s", 1)),

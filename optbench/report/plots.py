@@ -23,7 +23,7 @@ from matplotlib.ticker import MaxNLocator
 from optbench.optimizers import REGISTRY
 from optbench.optimizers.base import MODULE_KINDS
 from optbench.records.record import MIB
-from optbench.report import stats
+from optbench.report import pareto, stats
 from optbench.report.frame import lr_choices, time_to_target_by_job
 
 DPI = 130
@@ -175,7 +175,7 @@ def _tradeoff_panel(ax, ok: pd.DataFrame, x: str, xlabel: str, areas: pd.Series)
                     textcoords="offset points", fontsize=8.5, ha="left" if dx > 0 else "right")
     if len(points) > 1:
         sign = 1.0 if mode == "max" else -1.0  # the front wants "better" as larger
-        front = stats.pareto_front(points[x].tolist(), (sign * points[y]).tolist())
+        front = pareto.pareto_front(points[x].tolist(), (sign * points[y]).tolist())
         xs, ys = points[x].iloc[front], points[y].iloc[front]
         ax.step(xs, ys, where="post", ls="--", color="black", lw=1, alpha=0.6, label="Pareto front", zorder=1)
         ax.legend(loc="lower right", fontsize=8)
@@ -355,11 +355,11 @@ def plot_profile(times: dict[str, dict[str, float | None]], path: Path) -> Path:
     """AlgoPerf-style performance profile: share of jobs each optimizer reaches the target within tau x the
     fastest (a job's time: the median over seeds, a missed seed counting as infinite); the legend gives the area
     under the curve (0..1)."""
-    profile = stats.performance_profile(times)
+    profile = pareto.performance_profile(times)
     fig, ((ax,),) = _figure(1, 1)
     for optimizer, fractions in profile.items():
-        ax.step(stats.PROFILE_TAUS, fractions, where="post", color=optimizer_colour(optimizer),
-                label=f"{optimizer} (score {stats.profile_score(fractions):.2f})", **optimizer_line(optimizer))
+        ax.step(pareto.PROFILE_TAUS, fractions, where="post", color=optimizer_colour(optimizer),
+                label=f"{optimizer} (score {pareto.profile_score(fractions):.2f})", **optimizer_line(optimizer))
     ax.set(xlabel="tau: time to target / fastest optimizer's time on that job",
            ylabel=f"share of the {len(times)} jobs within tau", ylim=(-0.02, 1.02))
     ax.grid(alpha=0.3)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import html
 import json
-import math
 import textwrap
 from collections.abc import Iterable
 from pathlib import Path
@@ -21,7 +20,21 @@ import pandas as pd
 
 from optbench.probes import HOST_SYNCED
 from optbench.records.record import REFERENCE_OPTIMIZER, Record
-from optbench.report import html_page, metrics, stats
+from optbench.report import html_page, metrics, pareto, stats
+from optbench.report.cells import (
+    DETECTABLE,
+    band_cell,
+    bound_cell,
+    bound_title,
+    delta_cell,
+    detectable_cell,
+    metric_cell,
+    optional,
+    present,
+    short_quality,
+    tuned_lr_cell,
+    verdict_phrase,
+)
 from optbench.report.frame import (
     MEM_SAVED,
     SPEED,
@@ -31,7 +44,7 @@ from optbench.report.frame import (
     time_to_target_by_job,
     trials_frame,
 )
-from optbench.report.metrics import MEDIAN_INF, QUALITY, QUALITY_METRIC, TEXT, Metric
+from optbench.report.metrics import QUALITY, QUALITY_METRIC, Metric
 
 __all__ = ["FORMATS", "render_json", "render_markdown", "render_terminal", "summarize",
            "trials_frame", "write_report"]
@@ -39,72 +52,6 @@ __all__ = ["FORMATS", "render_json", "render_markdown", "render_terminal", "summ
 FORMATS = ("md", "csv", "json", "html")
 TERMINAL_WIDTH = 120
 ALWAYS = ("optimizer", "weights", "state precision", "status")
-
-
-def _present(value: object) -> bool:
-    return value is not None and not (isinstance(value, float) and math.isnan(value))
-
-
-def _count(row: pd.Series, column: str) -> int:
-    value = row.get(column)
-    return int(value) if _present(value) else 0
-
-
-def metric_cell(row: pd.Series, metric: Metric) -> str:
-    """One summary cell: mean ± 95 % CI (n= where fewer values than trials), the median over seeds with
-    "reached k/n" for time to target, the texts for a text metric, or the metric's failure word."""
-    column = metric.column
-    value = row.get(column)
-    if metric.aggregate == TEXT:
-        return str(value) if _present(value) else ""
-    if metric.aggregate == MEDIAN_INF:
-        n = _count(row, f"{column}_n")
-        spacing = row.get(f"{column}_resolution")  # the eval curve's: how finely it resolves the crossings
-        return stats.TimeToTarget(float(value), _count(row, f"{column}_reached"), n, spacing if _present(spacing)
-                                  else None).text(metric.decimals) if n else ""
-    invalid = _count(row, f"{column}_invalid")
-    if not _present(value):
-        return metric.invalid_text if invalid else ""
-    text = f"{value:,.{metric.decimals}f}"
-    ci = row.get(f"{column}_ci")
-    if _present(ci):
-        text += f" ± {ci:,.{metric.decimals}f}"
-    elif metric.gate == QUALITY:  # one value: no interval (a bare "± 0" would claim certainty)
-        text += " ± n/a"
-    n = _count(row, f"{column}_n")
-    text += f" (n={n})" if n + invalid < _count(row, "trials") else ""
-    return text + (f" ({metric.invalid_text} {invalid}/{n + invalid})" if invalid else "")
-
-
-def verdict_phrase(row: pd.Series) -> str:
-    """The verdict words, with "CI excludes 0" beside them where that adds something."""
-    text = row.get("verdict_vs_adamw")
-    if not _present(text):
-        return ""
-    adds = row.get("verdict_word_vs_adamw") in (stats.EQUIVALENT, stats.NON_INFERIOR, stats.INCONCLUSIVE)
-    return str(text) + ("; CI excludes 0" if adds and row.get("verdict_excludes_zero") is True else "")
-
-
-def delta_cell(row: pd.Series, words: bool = True) -> str:
-    value = row.get("delta_vs_adamw")
-    if not _present(value):
-        return ""
-    unit, ci = row.get("delta_unit"), row.get("delta_vs_adamw_ci")
-    text = f"{value:+,.2f} {unit}" if not _present(ci) else (
-        f"{value:+,.2f} ± {ci:,.2f} {unit} (n={int(row['delta_vs_adamw_n'])})")
-    return f"{text}: {verdict_phrase(row)}" if words else text
-
-
-def _band(row: pd.Series) -> str:
-    band = row.get("tune_band")
-    if not _present(band):
-        return ""
-    return f"±{100 * band:.2f} pts" if row.get("target_scale") == stats.POINTS else f"±{band:.3g}"
-
-
-def _optional(group: pd.DataFrame, column: str, fmt: str) -> list[str]:
-    values = group[column] if column in group else pd.Series([None] * len(group), index=group.index)
-    return [fmt.format(v) if _present(v) else "" for v in values]
 
 
 def _shown(metric: Metric, target: str) -> bool:
@@ -118,13 +65,18 @@ def job_table(group: pd.DataFrame) -> pd.DataFrame:
     table = pd.DataFrame({
         "optimizer": group["optimizer"], "weights": group["weight_precision"], "state precision": group["precision"],
         "status": [f"{r.status} {r.trials}/{r.of_trials}" for r in group.itertuples()],
-        "tuned lr": _optional(group, "tuned_lr", "{:.3g}"), "lr ok/grid": _optional(group, "tune_points", "{}"),
-        "near-tie band": [_band(r) for r in rows], "tunability": _optional(group, "tunability", "{:.2f}"),
+        "tuned lr": [tuned_lr_cell(r) for r in rows], "lr ok/grid": optional(group, "tune_points", "{}"),
+        "near-tie band": [band_cell(r) for r in rows], "tunability": optional(group, "tunability", "{:.2f}"),
         **{m.title.format(metric=target): [metric_cell(r, m) for r in rows]
            for m in metrics.METRICS if _shown(m, target)},
         f"{target} Δ vs {REFERENCE_OPTIMIZER} (95% CI)": [delta_cell(r) for r in rows],
-        MEM_SAVED: _optional(group, MEM_SAVED, "{:,.1f}"), SPEED: _optional(group, SPEED, "{:,.2f}"),
+        DETECTABLE: [detectable_cell(r) for r in rows],
+        MEM_SAVED: optional(group, MEM_SAVED, "{:,.1f}"), SPEED: optional(group, SPEED, "{:,.2f}"),
     })
+    quality = QUALITY_METRIC.title.format(metric=target)
+    if quality in table:  # the ceiling beside the metric it bounds
+        table.insert(table.columns.get_loc(quality) + 1, bound_title(str(group["target_mode"].iloc[0])),
+                     [bound_cell(r) for r in rows])
     empty = [c for c in table.columns if c not in ALWAYS and (table[c].astype(str) == "").all()]
     return table.drop(columns=empty)
 
@@ -142,7 +94,7 @@ def notes(rows: pd.DataFrame) -> str:
     """What one job's columns were measured against: target, tuning and its band, margin, schedule, intervals."""
     first, said = rows.iloc[0], []
     metric = first["target_metric"]
-    if _present(first.get("job_target")) and rows.get("time_to_target_s_n", pd.Series(dtype=float)).fillna(0).sum():
+    if present(first.get("job_target")) and rows.get("time_to_target_s_n", pd.Series(dtype=float)).fillna(0).sum():
         sign = ">=" if first["target_mode"] == "max" else "<="
         when = ("fixed before the runs" if first.get("job_target_fixed") is True else
                 f"set after the fact: {TARGET_SHARE:g} x the best final mean (give --target to fix it)")
@@ -152,23 +104,40 @@ def notes(rows: pd.DataFrame) -> str:
     tuned = rows[rows["tune_steps"].notna()] if "tune_steps" in rows else rows[:0]
     if len(tuned):
         budget, steps = int(tuned["tune_steps"].max()), first.get("steps")
-        fewer = f" (fewer than the {int(steps)} final steps)" if _present(steps) and int(steps) > budget else ""
+        fewer = f" (fewer than the {int(steps)} final steps)" if present(steps) and int(steps) > budget else ""
         basis = tuned["tune_band_basis"].iloc[0]
         said.append(f"lr chosen by the mean validation {metric} over {int(tuned['tune_seeds'].max())} tune seed(s) "
                     f"of {budget} steps{fewer}; lrs within the near-tie band of the best ({basis}) went to the one "
                     "nearest the grid's geometric middle")
-    if "verdict_vs_adamw" in rows and rows["verdict_vs_adamw"].map(_present).any():
+    if "verdict_vs_adamw" in rows and rows["verdict_vs_adamw"].map(present).any():
         margin = stats.margin_text(float(first["margin"]), str(first["target_scale"]))
         said.append(f"verdicts: the paired 95 % interval of the difference to {REFERENCE_OPTIMIZER} over shared seeds "
                     f"against a margin of ±{margin}")
-    if _present(first.get("schedule")):
+    if present(first.get("schedule")):
         said.append(f"lr schedule: {first['schedule']} after {int(first.get('warmup_steps') or 0)} warm-up steps")
     if rows.get("impl", pd.Series(dtype=str)).astype(str).str.contains(HOST_SYNCED).any():
         said.append(f"impl '{HOST_SYNCED}': bitsandbytes synchronises the GPU after every parameter's update, so "
                     "its optimizer step is host-serialised and its roofline % is bound by launches and waits, not "
                     "by memory bandwidth")
     said.append("± is the 95 % Student-t interval over seeds (none with one seed: n/a)")
-    return "; ".join(said) + "."
+    return "; ".join(said + bound_notes(rows)) + "."
+
+
+def bound_notes(rows: pd.DataFrame) -> list[str]:
+    """What the ceiling, chance and minimum detectable difference columns mean (report/bounds.py, stats.py)."""
+    first, said = rows.iloc[0], []
+    metric, most = first["target_metric"], first["target_mode"] == "max"
+    if present(first.get("metric_ceiling")):
+        said.append(f"{bound_title(first['target_mode'])}: the {metric} of the Bayes-optimal predictor on this eval "
+                    "split, exact from the data's generator")
+    if present(first.get("metric_chance")):
+        said.append(f"chance: {metric} {first['metric_chance']:.4g} ("
+                    + ("the majority class's share" if most else "the unigram perplexity of the eval tokens")
+                    + f"); a final {'within 2 points of it' if most else 'at or above it'} is shown as untrained")
+    if "detectable_vs_adamw" in rows and rows["detectable_vs_adamw"].map(present).any():
+        said.append("min. detectable Δ: the smallest true difference the comparison would call worse by at least the "
+                    "margin with 80 % power at its n, m + (t(0.975, n-1) + t(0.8, n-1)) · s_d / √n")
+    return said
 
 
 def render_markdown(summary: pd.DataFrame) -> str:
@@ -207,9 +176,9 @@ def render_profile_markdown(summary: pd.DataFrame) -> str:
     times = time_to_target_by_job(summary)
     if len(times) < 2:
         return ""
-    profile = stats.performance_profile(times)
+    profile = pareto.performance_profile(times)
     rows = pd.DataFrame({"optimizer": list(profile),
-                         "profile score (0-1)": [round(stats.profile_score(v), 3) for v in profile.values()],
+                         "profile score (0-1)": [round(pareto.profile_score(v), 3) for v in profile.values()],
                          "jobs reaching target": [f"{sum(stats.is_finite(t.get(n)) for t in times.values())}"
                                                   f"/{len(times)}" for n in profile]})
     return ("### Across jobs: performance profile of time to target (tau from 1 to 4; median over seeds, "
@@ -231,7 +200,7 @@ def _first_to_target(group: pd.DataFrame) -> str | None:
     reached = group[(n > 0) & (group["time_to_target_s_reached"] == n)]
     times = reached["time_to_target_s"].astype(float).sort_values()
     spacing = pd.to_numeric(reached.get("time_to_target_s_resolution"), errors="coerce").max()
-    if len(times) > 1 and _present(spacing) and times.iloc[1] - times.iloc[0] <= spacing:
+    if len(times) > 1 and present(spacing) and times.iloc[1] - times.iloc[0] <= spacing:
         tied = ", ".join(str(reached.loc[i, "optimizer"]) for i in times.index if times[i] - times.iloc[0] <= spacing)
         return f"no first to the target: {tied} reach it within the eval curve's {spacing:,.1f} s resolution"
     return (f"first to the target on every seed: {reached.loc[times.index[0], 'optimizer']} (median "
@@ -241,7 +210,8 @@ def _first_to_target(group: pd.DataFrame) -> str | None:
 def verdict_sentences(group: pd.DataFrame) -> list[str]:
     """Plain-text sentences about one job's ok rows: memory, speed, first to target, verdicts vs adamw."""
     metric, mode, said = str(group["target_metric"].iloc[0]), str(group["target_mode"].iloc[0]), []
-    scored = group[group["eval_target"].notna() & group["peak_memory_mib"].notna()]
+    trained = group["untrained"].fillna(0) < group["eval_target_n"].fillna(0) if "untrained" in group else True
+    scored = group[group["eval_target"].notna() & group["peak_memory_mib"].notna() & trained]
     if len(scored) and mode == "max":
         best = scored.loc[(scored["eval_target"] / scored["peak_memory_mib"]).idxmax()]
         said.append(f"most {metric} per MiB of peak training memory: {best['optimizer']} "
@@ -275,18 +245,21 @@ def verdict_lines(summary: pd.DataFrame) -> list[str]:
 def _words(row: pd.Series, ref: pd.Series | None) -> str:
     """One optimizer in words: target metric vs the reference and its verdict, memory saved, speed ratio."""
     if row["status"] != "ok":
-        return f"{row['optimizer']}: {row['status']}" + (f" ({row['error']})" if _present(row.get("error")) else "")
+        return f"{row['optimizer']}: {row['status']}" + (f" ({row['error']})" if present(row.get("error")) else "")
     metric = QUALITY_METRIC.title.format(metric=row["target_metric"])
     said = [f"{metric} {metric_cell(row, QUALITY_METRIC)}"]
+    if present(row.get("metric_ceiling")):
+        said[0] += f" ({bound_title(row['target_mode'])} {row['metric_ceiling']:.4g})"
     if row["optimizer"] == REFERENCE_OPTIMIZER:
         said[0] += " (the reference)"
     elif ref is not None:
-        said[0] += f" vs {REFERENCE_OPTIMIZER} {ref['eval_target']:.4g}" if _present(ref.get("eval_target")) else ""
-        said += [f"Δ {delta_cell(row)}"] if _present(row.get("delta_vs_adamw")) else []
+        said[0] += f" vs {REFERENCE_OPTIMIZER} {short_quality(ref)}" if present(ref.get("eval_target")) else ""
+        said += [f"Δ {delta_cell(row)}"] if present(row.get("delta_vs_adamw")) or row.get("delta_untrained") else []
+        said += [f"{DETECTABLE} {detectable_cell(row)}"] if present(row.get("detectable_vs_adamw")) else []
         saved = row.get(MEM_SAVED)
         said += [f"memory {'saved' if saved >= 0 else 'added'} {abs(saved):.1f} % vs {REFERENCE_OPTIMIZER}"
-                 ] if _present(saved) else []
-        said += [f"speed {row[SPEED]:.2f}x {REFERENCE_OPTIMIZER}"] if _present(row.get(SPEED)) else []
+                 ] if present(saved) else []
+        said += [f"speed {row[SPEED]:.2f}x {REFERENCE_OPTIMIZER}"] if present(row.get(SPEED)) else []
     return f"{row['optimizer']}: " + "; ".join(said)
 
 

@@ -28,13 +28,16 @@ POINTS, RELATIVE = "points", "relative"  # how a metric's differences are read: 
 DEFAULT_MARGIN = {POINTS: 1.0, RELATIVE: 2.0}  # 1 point of accuracy; 2 % of a perplexity or loss
 UNIT = {POINTS: "pts", RELATIVE: "%"}
 MAX_SEEDS = 1000  # "about how many seeds would settle it" stops counting here
-PROFILE_TAUS = np.linspace(1.0, 4.0, 61)  # AlgoPerf's profile runs tau from 1 (the best) to 4x the best
 LEGACY_TIE = 0.005  # the old fixed near-tie band (half a point): records without val_rows and one seed
 RELATIVE_TIE = 0.005  # one seed of a metric not in [0, 1]: 0.5 % of the best value
 
-# The verdict vocabulary (report, HTML, compare and recommend all use these words).
+POWER = 0.8  # the minimum detectable difference is the true difference called "worse" with this probability
+
+# The verdict vocabulary (report, HTML, compare and recommend all use these words). SATURATED replaces a verdict of
+# sameness when the arms sit at the metric's ceiling or stopped moving (report/bounds.py says when).
 EQUIVALENT, BETTER, WORSE, NON_INFERIOR, INCONCLUSIVE = "equivalent", "better", "worse", "non-inferior", "inconclusive"
-VERDICT_WORDS = (EQUIVALENT, BETTER, WORSE, NON_INFERIOR, INCONCLUSIVE)
+SATURATED = "saturated"
+VERDICT_WORDS = (EQUIVALENT, BETTER, WORSE, NON_INFERIOR, INCONCLUSIVE, SATURATED)
 ONE_SEED = "inconclusive (one seed: no interval)"
 
 
@@ -120,6 +123,7 @@ class Verdict:
     unit: str
     seeds_needed: int | None = None  # inconclusive: about how many paired seeds would settle it
     excludes_zero: bool = False
+    detectable: float | None = None  # the minimum detectable difference at this n (None: one seed)
 
 
 def seeds_to_settle(mean: float, sd: float, margin: float) -> int | None:
@@ -136,8 +140,20 @@ def seeds_to_settle(mean: float, sd: float, margin: float) -> int | None:
     return int(n[np.argmax(fits)]) if fits.any() else None
 
 
+def minimum_detectable_difference(sd: float, n: int, margin: float, power: float = POWER) -> float | None:
+    """The smallest true difference the paired comparison calls "worse by at least m" with probability `power`:
+    m + (t(1-α/2, n-1) + t(power, n-1)) · sd / √n, α = 1 - CONFIDENCE (the verdict's upper bound must fall below
+    -m; with the true difference there, the estimate clears it `power` of the time). None below two seeds."""
+    if n < 2:
+        return None
+    dof = n - 1
+    quantiles = float(_scipy_stats.t.ppf(0.5 + CONFIDENCE / 2, dof) + _scipy_stats.t.ppf(power, dof))
+    return margin + quantiles * sd / math.sqrt(n)
+
+
 def verdict(differences: Sequence[float], margin: float, scale: str = POINTS) -> Verdict | None:
-    """The verdict word for oriented paired differences (positive = better) against the margin m."""
+    """The verdict word for oriented paired differences (positive = better) against the margin m, with the
+    minimum detectable difference at their n."""
     interval = mean_ci(differences)
     if interval is None:
         return None
@@ -145,19 +161,18 @@ def verdict(differences: Sequence[float], margin: float, scale: str = POINTS) ->
     if interval.half_width is None:
         return Verdict(INCONCLUSIVE, ONE_SEED, interval, margin, unit)
     low, high = interval.mean - interval.half_width, interval.mean + interval.half_width
-    zero = low > 0 or high < 0
-    if -margin < low and high < margin:
-        return Verdict(EQUIVALENT, f"equivalent within ±{m}", interval, margin, unit, excludes_zero=zero)
-    if low > margin:
-        return Verdict(BETTER, f"better by at least {m}", interval, margin, unit, excludes_zero=zero)
-    if high < -margin:
-        return Verdict(WORSE, f"worse by at least {m}", interval, margin, unit, excludes_zero=zero)
-    if low > -margin:
-        return Verdict(NON_INFERIOR, f"non-inferior (at most {m} worse)", interval, margin, unit, excludes_zero=zero)
     sd = float(np.std(differences, ddof=1))
+    found = dict(difference=interval, margin=margin, unit=unit, excludes_zero=low > 0 or high < 0,
+                 detectable=minimum_detectable_difference(sd, interval.n, margin))
+    for word, text, holds in ((EQUIVALENT, f"equivalent within ±{m}", -margin < low and high < margin),
+                              (BETTER, f"better by at least {m}", low > margin),
+                              (WORSE, f"worse by at least {m}", high < -margin),
+                              (NON_INFERIOR, f"non-inferior (at most {m} worse)", low > -margin)):
+        if holds:
+            return Verdict(word, text, **found)
     needed = seeds_to_settle(interval.mean, sd, margin)
     hint = f"about {needed} seeds would settle it" if needed else f"more than {MAX_SEEDS} seeds would be needed"
-    return Verdict(INCONCLUSIVE, f"inconclusive ({hint})", interval, margin, unit, needed, zero)
+    return Verdict(INCONCLUSIVE, f"inconclusive ({hint})", seeds_needed=needed, **found)
 
 
 def paired_verdict(candidate: Mapping[int, float], reference: Mapping[int, float], mode: str,
@@ -229,44 +244,6 @@ def time_to_target(values: Iterable[float | None]) -> TimeToTarget | None:
         return None
     return TimeToTarget(float(np.median(seeds)), sum(math.isfinite(v) for v in seeds), len(seeds))
 
-
-def dominates(a: tuple[float, float], b: tuple[float, float]) -> bool:
-    """(cost, value): a needs no more and gives no less than b, strictly better in one."""
-    return a[0] <= b[0] and a[1] >= b[1] and (a[0] < b[0] or a[1] > b[1])
-
-
-def pareto_front(costs: Sequence[float], values: Sequence[float]) -> list[int]:
-    """Indices of the points no other point dominates (less or equal cost, higher or equal value, strictly
-    better in one), ordered by cost; of points equal on both axes the first stays. Orient `values` so that
-    larger is better (negate a perplexity)."""
-    points = list(zip(costs, values, strict=True))
-    front = [i for i, p in enumerate(points)
-             if not any(dominates(q, p) or (q == p and j < i) for j, q in enumerate(points) if j != i)]
-    return sorted(front, key=lambda i: points[i])
-
-
-def performance_profile(times: Mapping[str, Mapping[str, float | None]],
-                        taus: Sequence[float] = PROFILE_TAUS) -> dict[str, list[float]]:
-    """AlgoPerf-style profile: per optimizer, the share of jobs whose time to target (the median with misses
-    as infinite) is within tau x the fastest on that job. None or inf: missed, counted against it at every tau."""
-    optimizers = sorted({name for per_job in times.values() for name in per_job})
-    ratios: dict[str, list[float]] = {name: [] for name in optimizers}
-    for per_job in times.values():
-        finite = [t for t in per_job.values() if is_finite(t) and t > 0]  # type: ignore[operator]
-        best = min(finite) if finite else None
-        for name in optimizers:
-            value = per_job.get(name)
-            ok = best is not None and is_finite(value) and value > 0  # type: ignore[operator]
-            ratios[name].append(value / best if ok else math.inf)  # type: ignore[operator]
-    return {name: [sum(r <= tau for r in ratios[name]) / len(times) for tau in taus] for name in optimizers}
-
-
-def profile_score(fractions: Sequence[float], taus: Sequence[float] = PROFILE_TAUS) -> float:
-    """Area under a performance profile over the tau range, 0..1 (1: fastest to target on every job)."""
-    return float(np.trapezoid(fractions, taus) / (taus[-1] - taus[0]))
-
-
-# --- the study's lr choice ---------------------------------------------------------------------------------
 
 def best_value(values: Sequence[float], mode: str) -> float:
     return max(values) if mode == "max" else min(values)

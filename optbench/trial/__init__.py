@@ -8,6 +8,6 @@ torchrun rank loop, each with its resume check), fills the record once from what
 It starts no process (optbench/sweep/ does). Adding an engine: a module in `engines/` with
 `train(setup, record) -> EngineResult`, its name in `engines.ENGINES`.
 
-May import: memory (the peak prediction, the state map), workloads, report (stats' time-to-target rule), probes,
-optimizers, job, records.
+May import: memory (the peak prediction, the state map), workloads, report (stats' time-to-target rule, the
+untrained rule of the per-rank table), probes, optimizers, job, records.
 """

@@ -16,7 +16,7 @@ from optbench.job.spec import TrialSpec
 from optbench.optimizers import resolve
 from optbench.records.environment import environment
 from optbench.records.record import Record, job_key
-from optbench.workloads import WorkloadError, default_lr, get_workload
+from optbench.workloads import LR_USER, WorkloadError, get_workload, lr_for
 
 
 def settings_record(spec: TrialSpec, started_at: float | None = None) -> Record:
@@ -24,9 +24,9 @@ def settings_record(spec: TrialSpec, started_at: float | None = None) -> Record:
     seconds), now by default. Its environment stamp names no runtime (no threads, kernels or GPU were used)."""
     try:
         entry = resolve(spec.optimizer)
-        name, precision, lr = entry.name, entry.precision, spec.lr or default_lr(spec, entry)
+        name, precision, (lr, source) = entry.name, entry.precision, lr_for(spec, entry)
     except (ValueError, WorkloadError):
-        name, precision, lr = spec.optimizer, "", spec.lr or 0.0
+        name, precision, lr, source = spec.optimizer, "", spec.lr or 0.0, spec.lr_source or LR_USER
     started = datetime.fromtimestamp(time.time() if started_at is None else started_at, timezone.utc)
     record = Record(
         trial_id=spec.trial_id, optimizer=name, optimizer_kwargs=dict(spec.optimizer_kwargs),
@@ -38,6 +38,7 @@ def settings_record(spec: TrialSpec, started_at: float | None = None) -> Record:
         stage=spec.stage, engine=spec.engine, parallel=spec.parallel, world_size=spec.nproc,
         precision=spec.precision, resume_check=spec.resume_check, env=environment(runtime=False),
     )
+    record.lr_source = source
     try:
         workload = get_workload(spec.workload)
         record.target_metric, record.target_mode = workload.target_metric, workload.target_mode

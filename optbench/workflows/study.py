@@ -29,7 +29,7 @@ from typing import Any
 from optbench import optimizers
 from optbench.job.spec import StudyBudget, TrialSpec
 from optbench.records.record import REFERENCE_OPTIMIZER, Record, read_records
-from optbench.report import stats
+from optbench.report import stats, tuning
 from optbench.report.frame import TARGET_SHARE
 from optbench.sweep import Executor, run_sweep
 from optbench.sweep.progress import Progress
@@ -41,11 +41,12 @@ def lr_grid(name: str, points: int) -> list[float]:
 
 
 def tune_specs(names: Sequence[str], grids: dict[str, list[float]], settings: dict[str, Any],
-               seeds: Sequence[int], kwargs: dict[str, dict[str, Any]] | None = None) -> list[TrialSpec]:
+               seeds: Sequence[int], kwargs: dict[str, dict[str, Any]] | None = None,
+               source: str = tuning.GRID) -> list[TrialSpec]:
     """Every lr of every optimizer over the tune seeds; seed, then lr outermost, so a killed tune stage has
     covered all optimizers."""
     points = max(len(grid) for grid in grids.values())
-    return [TrialSpec(optimizer=name, lr=grids[name][i], seed=seed, stage="tune",
+    return [TrialSpec(optimizer=name, lr=grids[name][i], lr_source=source, seed=seed, stage="tune",
                       optimizer_kwargs=(kwargs or {}).get(name, {}), **settings)
             for seed in seeds for i in range(points) for name in names if i < len(grids[name])]
 
@@ -72,7 +73,7 @@ def target_from_tuning(choices: Sequence[stats.LrChoice]) -> float | None:
 def final_specs(choices: Sequence[stats.LrChoice], seeds: Sequence[int], settings: dict[str, Any],
                 kwargs: dict[str, dict[str, Any]] | None = None) -> list[TrialSpec]:
     """Each optimizer with a chosen lr, once per seed not already tuned (seeds outermost)."""
-    return [TrialSpec(optimizer=c.optimizer, lr=c.lr, seed=seed, stage="final",
+    return [TrialSpec(optimizer=c.optimizer, lr=c.lr, lr_source=tuning.CHOSEN, seed=seed, stage="final",
                       optimizer_kwargs=(kwargs or {}).get(c.optimizer, {}), **settings)
             for seed in seeds for c in choices if c.lr is not None]
 
@@ -121,6 +122,32 @@ def next_on_walk(grid: Sequence[float], choice: stats.LrChoice, start: float) ->
     return None
 
 
+def extension(grid: Sequence[float], choice: stats.LrChoice) -> float | None:
+    """One grid step past the range where the best lr tried sits at its end (report/tuning.py), None otherwise: a
+    range whose best point is its end has not bracketed the optimum. A grid of one lr (a user's --lr) is kept."""
+    best = tuning.best_point(choice)
+    if len(grid) < 2 or best is None:
+        return None
+    for end, upward in ((max(grid), True), (min(grid), False)):
+        if math.isclose(best.lr, end, rel_tol=1e-9):
+            return tuning.step_past(grid, upward)
+    return None
+
+
+def extensions(names: Sequence[str], grids: dict[str, list[float]], tune_trials: Sequence[TrialSpec], out: Path,
+               settings: dict[str, Any], budget: StudyBudget,
+               kwargs: dict[str, dict[str, Any]] | None) -> list[TrialSpec]:
+    """Where an optimizer's best lr sits at an end of its grid, one more point past it over the tune seeds (marked
+    `extended`). Read from the records, so a rerun extends the same way."""
+    specs = []
+    for choice in choices_from_file(names, grids, tune_trials, out, settings["steps"]):
+        lr = extension(grids[choice.optimizer], choice)
+        if lr is not None:
+            specs += tune_specs([choice.optimizer], {choice.optimizer: [lr]}, settings, budget.tune_seeds, kwargs,
+                                tuning.EXTENDED)
+    return specs
+
+
 def print_line(line: str) -> None:
     """Flushed at once, so progress shows in a log file or CI output while the study runs."""
     print(line, flush=True)
@@ -133,17 +160,17 @@ class StudyResult:
     final: list[TrialSpec]
 
 
-def choices_from_file(names: Sequence[str], grids: dict[str, list[float]], tuning: Sequence[TrialSpec], out: Path,
+def choices_from_file(names: Sequence[str], grids: dict[str, list[float]], tune_trials: Sequence[TrialSpec], out: Path,
                       steps: int) -> list[stats.LrChoice]:
     """Each optimizer's lr choice from the tune records in `out` (this study's tune trials only)."""
     records = read_records(out) if out.is_file() else []
-    ids = {spec.trial_id: spec for spec in tuning}
+    ids = {spec.trial_id: spec for spec in tune_trials}
     return [stats.choice_from_records(name, grids[name], [r for r in records if r.trial_id in ids
                                                           and ids[r.trial_id].optimizer == name], steps)
             for name in names]
 
 
-def walk(names: Sequence[str], grids: dict[str, list[float]], tuning: Sequence[TrialSpec], out: Path, steps: int,
+def walk(names: Sequence[str], grids: dict[str, list[float]], tune_trials: Sequence[TrialSpec], out: Path, steps: int,
          sweep: dict[str, Any]) -> list[TrialSpec]:
     """The tune stage as walks: in each round every optimizer still walking runs its next lr over the tune seeds;
     what comes next is read from the records, so a rerun retraces the same walk, skipping trials already ok.
@@ -151,13 +178,13 @@ def walk(names: Sequence[str], grids: dict[str, list[float]], tuning: Sequence[T
     starts = {name: walk_start(grids[name], optimizers.resolve(name).default_lr) for name in names}
     attempted: set[str] = set()
     while True:
-        choices = choices_from_file(names, grids, tuning, out, steps)
+        choices = choices_from_file(names, grids, tune_trials, out, steps)
         wanted = {c.optimizer: next_on_walk(grids[c.optimizer], c, starts[c.optimizer]) for c in choices}
-        specs = [spec for spec in tuning if wanted[spec.optimizer] is not None and spec.trial_id not in attempted
+        specs = [spec for spec in tune_trials if wanted[spec.optimizer] is not None and spec.trial_id not in attempted
                  and math.isclose(spec.lr, wanted[spec.optimizer], rel_tol=1e-9)]  # type: ignore[arg-type]
         if not specs:  # every walk is done (or its next trial ran and left no record: stop rather than loop)
             tried = {(c.optimizer, key) for c in choices for key in tried_points(c)}
-            return [spec for spec in tuning if spec.trial_id in attempted
+            return [spec for spec in tune_trials if spec.trial_id in attempted
                     or (spec.optimizer, _lr_key(spec.lr)) in tried]  # type: ignore[arg-type]
         attempted |= {spec.trial_id for spec in specs}
         run_sweep(specs, out, **sweep)
@@ -169,20 +196,27 @@ def run_study(names: Sequence[str], settings: dict[str, Any], budget: StudyBudge
               jobs: int = 1, show: Callable[[str], None] = print_line) -> StudyResult:
     """Tune, choose each lr from the records in `out`, then run the finals; resumable by re-running."""
     grids = {name: (grids or {}).get(name) or lr_grid(name, budget.lr_points) for name in names}
-    tuning = tune_specs(names, grids, settings, budget.tune_seeds, kwargs)
+    tune_trials = tune_specs(names, grids, settings, budget.tune_seeds, kwargs)
     final_seeds = [seed for seed in budget.seeds if seed not in budget.tune_seeds]
-    progress = Progress(len(tuning) + len(names) * len(final_seeds), show)
+    progress = Progress(len(tune_trials) + len(names) * len(final_seeds), show)
     # The study prints its own progress lines (stage, lr, metric), so the runner's are turned off.
     sweep: dict[str, Any] = {"on_record": progress, "progress": None, "jobs": jobs, "executor": executor,
                              "run_trial": run_trial}
     if budget.search == "grid":
-        run_sweep(tuning, out, **sweep)
+        run_sweep(tune_trials, out, **sweep)
     else:
-        tuning = walk(names, grids, tuning, out, settings["steps"], sweep)
-    choices = choices_from_file(names, grids, tuning, out, settings["steps"])
+        tune_trials = walk(names, grids, tune_trials, out, settings["steps"], sweep)
+    extended = extensions(names, grids, tune_trials, out, settings, budget, kwargs)
+    if extended:
+        progress.total = progress.done + len(extended) + len(names) * len(final_seeds)
+        run_sweep(extended, out, **sweep)
+    tune_trials = [*tune_trials, *extended]
+    grids = {name: sorted({*grids[name], *(s.lr for s in extended if s.optimizer == name)}) for name in names}
+    choices = choices_from_file(names, grids, tune_trials, out, settings["steps"])
     for choice in choices:
         lr = "none" if choice.lr is None else f"{choice.lr:g}"
-        print(f"optbench: {choice.optimizer}: lr {lr} ({choice.note})", file=sys.stderr)
+        note = tuning.range_note(choice, [s.lr_source for s in tune_trials if s.optimizer == choice.optimizer])
+        print(f"optbench: {choice.optimizer}: lr {lr} ({choice.note}{'; ' + note if note else ''})", file=sys.stderr)
     if settings.get("target") is None and (target := target_from_tuning(choices)) is not None:
         settings = {**settings, "target": target}
         print(f"optbench: time-to-target threshold {choices[0].metric} {target:.4g}, fixed before the finals: "
@@ -191,4 +225,4 @@ def run_study(names: Sequence[str], settings: dict[str, Any], budget: StudyBudge
     finals = final_specs(choices, final_seeds, settings, kwargs)
     progress.total = progress.done + len(finals)
     run_sweep(finals, out, **sweep)
-    return StudyResult(choices, tuning, finals)
+    return StudyResult(choices, tune_trials, finals)

@@ -12,8 +12,10 @@ May import: optimizers, job, records.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
+from optbench.job import tuned
 from optbench.workloads.base import (
     OFFLINE_MODEL_HINT,
     Built,
@@ -33,9 +35,11 @@ if TYPE_CHECKING:
     from optbench.job.spec import TrialSpec
     from optbench.optimizers import OptimizerSpec
 
-__all__ = ["OFFLINE_MODEL_HINT", "WORKLOADS", "Built", "Split", "Workload", "WorkloadError", "check_model",
-           "default_lr", "get_workload", "minilm_path", "model_config", "model_name_for_source", "on_meta_device",
-           "tiny_bert_config", "train_batches"]
+__all__ = ["LR_DEFAULT", "LR_TUNED", "LR_USER", "OFFLINE_MODEL_HINT", "WORKLOADS", "Built", "Split", "Workload",
+           "WorkloadError", "check_model", "default_lr", "get_workload", "lr_for", "minilm_path", "model_config",
+           "model_name_for_source", "on_meta_device", "tiny_bert_config", "train_batches"]
+# Where a trial's lr came from (Record.lr_source): the user's --lr, a committed study's choice, the registry's default
+LR_USER, LR_TUNED, LR_DEFAULT = "user", "tuned: ", "registry default"
 
 WORKLOADS: dict[str, Workload] = {
     "minilm": Classification("minilm", pretrained=True,
@@ -55,7 +59,7 @@ def get_workload(name: str) -> Workload:
 
 
 def default_lr(spec: TrialSpec, entry: OptimizerSpec) -> float:
-    """The lr a trial uses without `--lr`: the entry's fine-tuning lr times the workload's scale for it."""
+    """The registry's untuned lr for this job: the entry's fine-tuning lr times the workload's scale for it."""
     return entry.default_lr * get_workload(spec.workload).lr_scale(spec)
 
 
@@ -76,3 +80,20 @@ def model_name_for_source(source: str) -> str:
         if default is not None and Path(default).resolve() == Path(source).resolve():
             return workload.model_name(spec)
     return source
+
+
+def lr_for(spec: TrialSpec, entry: OptimizerSpec, table: Path | None = None) -> tuple[float, str]:
+    """(lr, where it came from) for a trial: `spec.lr` (the user's, or a study's), else the lr a committed study
+    tuned for this job and optimizer (`table`, default the shipped job/tuned-lrs.json), else the registry's untuned
+    default."""
+    if spec.lr:
+        return spec.lr, spec.lr_source or LR_USER
+    workload = get_workload(spec.workload)
+    job = {"workload": spec.workload, "workload_options": spec.workload_options, "model": workload.model_name(spec),
+           "pretrained": workload.is_pretrained(spec), "dataset": workload.dataset_name(spec), "steps": spec.steps,
+           "warmup_steps": spec.warmup_steps, "batch_size": spec.batch_size, "seq_len": spec.seq_len,
+           "schedule": spec.schedule, "precision": spec.precision}
+    found = tuned.lookup(job, entry.name, table or tuned.TABLE)
+    if found is not None:
+        return found.lr, f"{LR_TUNED}{found.source}"
+    return default_lr(spec, entry), LR_DEFAULT

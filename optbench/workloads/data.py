@@ -1,111 +1,42 @@
-"""Datasets: the embedded review-sentiment task, and loaders for user files and HF datasets.
+"""Datasets: the embedded tasks' splits, and loaders for user files and HF datasets.
 
-The embedded task is generated, seeded and offline. It is built to need more than word spotting:
-- negation flips a clause ("was not great" is negative),
-- counterfactual comparisons invert the adjective ("could have been better" is negative),
-- in a contrast ("X, but Y", "although X, Y", "Y, even though X") the main clause Y decides,
-- three classes (negative / neutral / positive), several templates and filler phrases,
-- 5 % of the labels are redrawn at random, so even a perfect model tops out near 95 % accuracy and
-  the metric does not saturate — optimizers stay distinguishable.
+The embedded classification task is generated (optbench/workloads/reviews.py: compositional reviews with an
+invented lexicon, whose exact accuracy ceiling comes from the generator); the embedded language-modelling corpus
+is a generated Markov chain (optbench/workloads/markov.py, whose perplexity floor is its entropy rate).
 """
 
 from __future__ import annotations
 
 import functools
-import random
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import datasets
 
-LABELS = ("negative", "neutral", "positive")
-LABEL_NOISE = 0.05
+from optbench.workloads import reviews
+
+LABELS = reviews.LABELS
 DATA_SEED = 1234  # fixed: every trial of a sweep trains and evaluates on the same examples
 TRAIN_SIZE = 4000
 EVAL_SIZE = 1000
 
-_ASPECTS = ["the food", "the service", "the staff", "the room", "the price", "the plot", "the acting",
-            "the battery", "the screen", "the delivery", "the support team", "the design", "the sound",
-            "the checkout", "the manual", "the location"]
-_POSITIVE = ["great", "excellent", "wonderful", "superb", "delightful", "friendly", "reliable",
-             "impressive", "fantastic", "pleasant", "outstanding", "helpful"]
-_NEGATIVE = ["terrible", "awful", "disappointing", "rude", "broken", "bland", "slow", "dreadful",
-             "poor", "useless", "unpleasant", "frustrating"]
-_NEUTRAL = ["average", "ordinary", "standard", "typical", "unremarkable", "as expected", "adequate",
-            "middle of the road"]
-_NEGATORS = ["not", "never", "hardly", "not at all"]
-_BETTER = ["better", "nicer", "friendlier", "smoother", "more reliable"]
-_WORSE = ["worse", "slower", "ruder", "more broken", "more disappointing"]
-_VERBS = ["was", "is", "seemed", "felt", "turned out to be"]
-_FILLERS = ["", "", "", "honestly, ", "to be fair, ", "overall, ", "after two visits, ", "in short, ",
-            "for what it is worth, "]
-
-
-def _counterfactual(aspect: str, rng: random.Random, polarity: int) -> str:
-    """'could (not) have been better/worse': the comparison, not the adjective, carries the meaning."""
-    if polarity > 0:
-        return f"{aspect} could not have been {rng.choice(_BETTER)}"
-    if polarity < 0:
-        if rng.random() < 0.5:
-            return f"{aspect} could have been {rng.choice(_BETTER)}"
-        return f"{aspect} could not have been {rng.choice(_WORSE)}"
-    return f"{aspect} could have been {rng.choice(_WORSE)}"
-
-
-def _clause(rng: random.Random, polarity: int) -> str:
-    """A clause whose meaning has the given polarity (-1, 0, +1): by an adjective, a negated adjective
-    of the opposite sign, or a counterfactual comparison."""
-    aspect, verb = rng.choice(_ASPECTS), rng.choice(_VERBS)
-    if rng.random() < 0.25:
-        return _counterfactual(aspect, rng, polarity)
-    if polarity == 0:
-        return f"{aspect} {verb} {rng.choice(_NEUTRAL)}"
-    negate = rng.random() < 0.4
-    lexicon_sign = -polarity if negate else polarity
-    adjective = rng.choice(_POSITIVE if lexicon_sign > 0 else _NEGATIVE)
-    return f"{aspect} {verb} {rng.choice(_NEGATORS) + ' ' if negate else ''}{adjective}"
-
-
-def _example(rng: random.Random) -> tuple[str, int]:
-    polarity = rng.choice((-1, 0, 1))
-    main = _clause(rng, polarity)
-    other = _clause(rng, rng.choice([p for p in (-1, 0, 1) if p != polarity]))
-    template = rng.randrange(5)
-    if template == 0:
-        text = main
-    elif template == 1:
-        text = f"{other}, but {main}"
-    elif template == 2:
-        text = f"although {other}, {main}"
-    elif template == 3:
-        text = f"{main}, even though {other}"
-    else:
-        text = f"{main} and {_clause(rng, polarity)}"  # agreeing clauses
-    return rng.choice(_FILLERS) + text + ".", polarity + 1
-
 
 def generate_reviews(size: int, seed: int) -> datasets.Dataset:
-    """`size` labelled reviews; the same (size, seed) always gives the same dataset."""
+    """`size` labelled reviews with their clean labels (`clean_label`: the label before noise, which the ceiling
+    reads); the same (size, seed) always gives the same dataset."""
     import datasets  # here, not at import: the registry's names and metadata need no dataset library
 
-    rng = random.Random(seed)
-    texts, labels = [], []
-    for _ in range(size):
-        text, label = _example(rng)
-        if rng.random() < LABEL_NOISE:
-            label = rng.randrange(len(LABELS))
-        texts.append(text)
-        labels.append(label)
-    features = datasets.Features({"text": datasets.Value("string"),
-                                  "label": datasets.ClassLabel(names=list(LABELS))})
-    return datasets.Dataset.from_dict({"text": texts, "label": labels}, features=features)
+    texts, labels, clean = reviews.generate(size, seed)
+    label = datasets.ClassLabel(names=list(LABELS))
+    features = datasets.Features({"text": datasets.Value("string"), "label": label, "clean_label": label})
+    return datasets.Dataset.from_dict({"text": texts, "label": labels, "clean_label": clean}, features=features)
 
 
 @functools.cache
 def embedded_splits() -> tuple[datasets.Dataset, datasets.Dataset]:
     """Train and eval splits of the embedded task, drawn from disjoint seeds. Built once per process (the
-    forkserver builds it before forking trials: process/warm.py); datasets are immutable, so sharing is safe."""
+    forkserver builds it before forking trials: sweep/warm.py); datasets are immutable, so sharing is safe."""
     return generate_reviews(TRAIN_SIZE, DATA_SEED), generate_reviews(EVAL_SIZE, DATA_SEED + 1)
 
 

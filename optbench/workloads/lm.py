@@ -1,13 +1,17 @@
-"""Causal language modelling: a decoder-only model learns next-token prediction on text.
+"""Causal language modelling: a decoder-only model learns next-token prediction.
 
-Default: a Llama-style decoder from a transformers config (4 layers, width 256, untied 30,522-token
-embedding and head: 18.8 M parameters, randomly initialised, so this is training from scratch) on the
-embedded review corpus, tokenized with the shipped MiniLM tokenizer. `--model` takes any local or HF
-causal LM (its own tokenizer), `--dataset` any text column (`--text-column`).
+Default: a Llama-style decoder from a transformers config (4 layers, width 512, untied 1,024-token embedding and
+head: 13.1 M parameters, randomly initialised, so this is training from scratch) on the embedded Markov corpus
+(optbench/workloads/markov.py): token ids drawn from a sparse Markov chain, read by the model directly, whose
+perplexity floor on the eval tokens is known exactly (the record's `metric_ceiling`) beside the unigram
+perplexity of the same tokens (`metric_chance`: where a model that learned no context sits). `--dataset` takes
+any text column (`--text-column`), tokenized with the shipped MiniLM tokenizer (its floor is unknown; its
+unigram perplexity is still computed); `--model` any local or HF causal LM (its own tokenizer).
 
 Texts are joined with the separator token and packed into blocks of `seq_len` tokens, as causal-LM
-recipes do, so no step trains on padding. Metrics: eval loss (mean next-token cross-entropy),
-perplexity (its exponential; the target metric, smaller is better) and next-token accuracy.
+recipes do, so no step trains on padding; the Markov streams are cut into blocks the same way. Metrics: eval
+loss (mean next-token cross-entropy), perplexity (its exponential; the target metric, smaller is better) and
+next-token accuracy.
 """
 
 from __future__ import annotations
@@ -15,11 +19,12 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from optbench.workloads import data
+from optbench.workloads import markov
 from optbench.workloads.base import (
     Built,
     Split,
     Workload,
+    WorkloadError,
     check_model,
     eval_batches,
     load_tokenizer,
@@ -35,12 +40,14 @@ if TYPE_CHECKING:
 
     from optbench.job.spec import TrialSpec
 
-# ~19 M parameters: big enough that state bytes dominate the step like they do in real LMs, small enough
-# for a 2-core CPU; heads of 64 dims, SwiGLU width about 2.7x hidden as in Llama.
-LM_HIDDEN_SIZE = 256
+MARKOV_NAME = "markov-chain"
+
+# ~13 M parameters, nearly all in the decoder layers: big enough that state bytes dominate the step like they do
+# in real LMs, small enough for a 2-core CPU; heads of 64 dims, SwiGLU width about 2.7x hidden as in Llama.
+LM_HIDDEN_SIZE = 512
 LM_LAYERS = 4
-LM_HEADS = 4
-LM_INTERMEDIATE_SIZE = 688
+LM_HEADS = 8
+LM_INTERMEDIATE_SIZE = 1376
 
 
 def llama_config(vocab_size: int, seq_len: int):
@@ -52,9 +59,26 @@ def llama_config(vocab_size: int, seq_len: int):
                        max_position_embeddings=max(seq_len, 128), tie_word_embeddings=False)
 
 
+def scratch_config(dataset: str | None, seq_len: int):
+    """The config of the decoder a job without `--model` trains: the Markov corpus's vocabulary, or the MiniLM
+    tokenizer's for a user's text (what the memory predictor and `explain` build too)."""
+    vocab = markov.VOCAB_SIZE if dataset is None else len(load_tokenizer(None))
+    return llama_config(vocab, seq_len)
+
+
+def blocks(stream: list[int] | torch.Tensor, seq_len: int) -> Split:
+    """A token stream cut into full blocks of seq_len (the tail that fills no block is dropped)."""
+    import torch
+
+    count = len(stream) // seq_len
+    if count < 2:
+        raise ValueError(f"the text holds {len(stream)} tokens: fewer than two blocks of --seq-len {seq_len}")
+    ids = torch.as_tensor(stream[: count * seq_len], dtype=torch.long).view(count, seq_len)
+    return {"input_ids": ids, "labels": ids.clone()}  # HF causal LMs shift labels themselves
+
+
 def pack(tokenizer, texts: list[str], seq_len: int) -> Split:
     """Tokenize, join with the separator (or end-of-text) token and cut into full blocks of seq_len."""
-    import torch
 
     separator = tokenizer.sep_token_id if tokenizer.sep_token_id is not None else tokenizer.eos_token_id
     stream: list[int] = []
@@ -62,18 +86,26 @@ def pack(tokenizer, texts: list[str], seq_len: int) -> Split:
         stream.extend(ids)
         if separator is not None:
             stream.append(separator)
-    blocks = len(stream) // seq_len
-    if blocks < 2:
-        raise ValueError(f"the text holds {len(stream)} tokens: fewer than two blocks of --seq-len {seq_len}")
-    ids = torch.tensor(stream[: blocks * seq_len], dtype=torch.long).view(blocks, seq_len)
-    return {"input_ids": ids, "labels": ids.clone()}  # HF causal LMs shift labels themselves
+    return blocks(stream, seq_len)
+
+
+def unigram_perplexity(ids: torch.Tensor) -> float:
+    """The perplexity of the predicted tokens' own frequencies on them (every token of a block but its first,
+    which the eval scores only as context): the best any model that ignores the context can score on exactly these
+    tokens, so a model at or above it has learned nothing of the context."""
+    import torch
+
+    targets = ids[:, 1:].reshape(-1)
+    shares = torch.bincount(targets).double()
+    shares = shares[shares > 0] / targets.numel()
+    return math.exp(float(-(shares * shares.log()).sum()))
 
 
 class CausalLM(Workload):
     name = "lm"
     target_metric = "perplexity"
     target_mode = "min"
-    description = "Llama-style decoder, next-token loss on text (random init: trained from scratch)"
+    description = "Llama-style decoder, next-token loss on the Markov corpus or text (random init: from scratch)"
 
     def lr_scale(self, spec: TrialSpec) -> float:
         # The registry's lrs are for fine-tuning; from random init 20x larger (AdamW 1e-3) trains well.
@@ -83,37 +115,52 @@ class CausalLM(Workload):
         return spec.model or f"llama-h{LM_HIDDEN_SIZE}-l{LM_LAYERS}"
 
     def dataset_name(self, spec: TrialSpec) -> str:
-        return spec.dataset or "embedded-reviews (text)"
+        return spec.dataset or MARKOV_NAME
 
-    def _texts(self, spec: TrialSpec) -> tuple[list[str], list[str], str]:
-        if spec.dataset is None:
-            train, held_out = data.embedded_splits()
-            return train["text"], held_out["text"], "embedded-reviews (text)"
+    def _texts(self, spec: TrialSpec) -> tuple[list[str], list[str]]:
         train, held_out = user_splits(spec, None)
-        return train["text"], held_out["text"], spec.dataset
+        return train["text"], held_out["text"]
 
     def check(self, spec: TrialSpec) -> None:
         self.check_options(spec)
-        self._texts(spec)
+        if spec.dataset is not None:
+            self._texts(spec)
         if spec.model:
             check_model(spec.model)
+
+    def _splits(self, spec: TrialSpec) -> tuple[Split, Split, int]:
+        """(train blocks, held-out blocks, vocabulary size): the Markov streams, or the user's text tokenized."""
+        if spec.dataset is None:  # the Markov ids go straight in, whatever the model (its vocabulary must hold them)
+            import torch
+
+            train, held_out = markov.streams()
+            return (blocks(torch.from_numpy(train), spec.seq_len), blocks(torch.from_numpy(held_out), spec.seq_len),
+                    markov.VOCAB_SIZE)
+        tokenizer = load_tokenizer(spec.model)
+        train_texts, held_out_texts = self._texts(spec)
+        return (pack(tokenizer, train_texts, spec.seq_len), pack(tokenizer, held_out_texts, spec.seq_len),
+                len(tokenizer))
 
     def build(self, spec: TrialSpec) -> Built:
         import torch
         from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
         quiet_transformers()
-        train_texts, held_out_texts, dataset_name = self._texts(spec)
-        tokenizer = load_tokenizer(spec.model)
+        train, held_out, vocab = self._splits(spec)
         torch.manual_seed(spec.seed)
         if spec.model:
             model = AutoModelForCausalLM.from_pretrained(spec.model)
+            if model.get_input_embeddings().num_embeddings < vocab:
+                raise WorkloadError(f"model {spec.model} has fewer than the Markov corpus's {vocab} token ids; "
+                                    "give it text with --dataset")
         else:
-            model = LlamaForCausalLM(llama_config(len(tokenizer), spec.seq_len))
-        train, val, evaluation = split_for_stage(spec, pack(tokenizer, train_texts, spec.seq_len),
-                                                 pack(tokenizer, held_out_texts, spec.seq_len))
-        return Built(model=model, model_name=self.model_name(spec), dataset_name=dataset_name, train=train, val=val,
-                     eval=evaluation, chance_loss=math.log(len(tokenizer)), pretrained=bool(spec.model))
+            model = LlamaForCausalLM(llama_config(vocab, spec.seq_len))
+        train, val, evaluation = split_for_stage(spec, train, held_out)
+        ids = evaluation["input_ids"]
+        floor = markov.bayes_perplexity(ids.numpy()) if spec.dataset is None else None
+        return Built(model=model, model_name=self.model_name(spec), dataset_name=self.dataset_name(spec), train=train,
+                     val=val, eval=evaluation, chance_loss=math.log(vocab), pretrained=bool(spec.model),
+                     metric_ceiling=floor, metric_chance=unigram_perplexity(ids))
 
     def meta_model(self, spec: TrialSpec, local_files_only: bool = False) -> torch.nn.Module:
         if spec.model:
@@ -123,7 +170,7 @@ class CausalLM(Workload):
             return on_meta_device(lambda: AutoModelForCausalLM.from_config(config), spec.model)
         from transformers import LlamaForCausalLM
 
-        config = llama_config(len(load_tokenizer(None)), spec.seq_len)
+        config = scratch_config(spec.dataset, spec.seq_len)
         return on_meta_device(lambda: LlamaForCausalLM(config), self.model_name(spec))
 
     def evaluate(self, model: torch.nn.Module, split: Split, device: torch.device) -> dict[str, float]:

@@ -150,11 +150,19 @@ def per_rank_markdown(records: list[Record]) -> str:
                          *(_fmt(rank.get(key), MIB, 2) for key in ("weights_bytes", "grads_bytes", "state_bytes")),
                          _fmt(held, MIB, 2), f"{100 * held / reference:.1f}" if held and reference else "",
                          _fmt(rank.get("peak_rss_growth_bytes"), MIB, 0), _fmt(rank.get("step_time_median_s"), 1e-3, 0),
-                         _fmt(rank.get("eval_accuracy"), 1, 3), sharding_cell(record) or ""])
+                         _accuracy(rank.get("eval_accuracy"), record), sharding_cell(record) or ""])
         if record.status != "ok":
             notes.append(f"- {record.optimizer} under {record.parallel}: {record.status}: {record.error}")
     table = tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
     return table + ("\n\n" + "\n".join(notes) if notes else "") + "\n"
+
+
+def _accuracy(value: float | None, record: Record) -> str:
+    """A rank's eval accuracy, or `untrained` where it sits at chance (report/bounds.py): no figure from a job that
+    did not train."""
+    from optbench.report.bounds import untrained
+
+    return "untrained" if untrained(value, record.metric_chance, "max") else _fmt(value, 1, 3)
 
 
 def _held_bytes(rank: dict[str, Any]) -> int | None:
