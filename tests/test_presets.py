@@ -19,9 +19,9 @@ def test_every_preset_and_study_table_says_why_in_a_comment():
 def test_the_control_is_the_studys_own_job_and_design_with_its_two_arms():
     study, control = PRESETS["study"], PRESETS["control"]
     assert dataclasses.replace(control, optimizers=()) == study
-    assert control.optimizers == ("adamw", "sgd")
+    assert control.optimizers == ("adamw", "sgd_momentum")
     assert STUDY_BUDGETS["control"] == STUDY_BUDGETS["study"]
-    assert planner.resolve_names(None, control) == ["adamw", "sgd"]
+    assert planner.resolve_names(None, control) == ["adamw", "sgd_momentum"]
     assert planner.resolve_names(None, study) == ["adamw", "adafactor", "adamw8bit"]
 
 
