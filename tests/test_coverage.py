@@ -3,14 +3,17 @@ the records' own predictions, trials used for calibration or the margin never co
 
 import pytest
 
+from optbench.job.spec import TrialSpec
 from optbench.memory import coverage
 from optbench.records.record import MIB, Record
+from optbench.workloads import get_workload
 
 WEIGHTS = 100 * MIB
 
 
 def _trial(trial_id, measured_mib, predicted_mib, batch=16, seq=32, workload="minilm"):
-    return Record(trial_id=trial_id, optimizer="adamw", status="ok", device="cpu", workload=workload, model=workload,
+    model = get_workload(workload).model_name(TrialSpec(optimizer="adamw", workload=workload))  # the default model
+    return Record(trial_id=trial_id, optimizer="adamw", status="ok", device="cpu", workload=workload, model=model,
                   batch_size=batch, seq_len=seq, weights_bytes=WEIGHTS,
                   peak_rss_growth_bytes=int(measured_mib * MIB) - WEIGHTS,
                   predicted_peak_bytes=int(predicted_mib * MIB))
