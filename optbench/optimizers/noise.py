@@ -1,10 +1,10 @@
 """Library messages known to be harmless, kept out of a user's output: their first lines are optbench's answer.
 
 transformers imports torchao whenever it is installed (its quantizers register themselves), so every command that
-builds a model would open with torchao's import-time messages (and bitsandbytes' on some CPUs). Each entry names the logger, the message (a
-pattern that matches that message only) and why it is harmless here; nothing else is filtered, and a message that
-changes its wording shows again. `filter_known_noise()` is called first by every entry point (the command line,
-the forkserver, a trial child, a torchrun rank).
+builds a model would open with torchao's import-time messages (and bitsandbytes' on some CPUs). Each entry names
+the logger, the message (a pattern that matches that message only) and why it is harmless here; nothing else is
+filtered, and a message that changes its wording shows again. `filter_known_noise()` is called first by every entry
+point (the command line, the forkserver, a trial child, a torchrun rank).
 """
 
 from __future__ import annotations
