@@ -94,8 +94,15 @@ def _grokadamw_rule(p: Param, **_: Any) -> ParamState:
 
 
 def _make_stable_adamw(params: Any, lr: float, **kwargs: Any) -> Any:
+    """torch-optimi 0.3.3 decides Triton before it has gathered the step's parameters (`all([])` is True), so with
+    Triton installed (every CUDA build of torch has it) it takes its Triton kernel for CPU tensors too, which has no
+    driver there: off the GPU, Triton is turned off unless asked for."""
     from optimi import StableAdamW
 
+    params = list(params)
+    tensors = [t for item in params for t in (item["params"] if isinstance(item, dict) else [item])]
+    if not any(t.is_cuda for t in tensors):
+        kwargs.setdefault("triton", False)
     return StableAdamW(params, lr=lr, **kwargs)
 
 
