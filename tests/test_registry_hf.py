@@ -5,6 +5,7 @@ checked against `Trainer.create_optimizer` (which calls `Trainer.get_optimizer_c
 registry's reason it cannot run here."""
 
 import copy
+import importlib.util
 
 import pytest
 import torch
@@ -89,6 +90,12 @@ def _one_step(spec, model, optimizer):
     entry_step(spec, optimizer, model(input_ids=ids, labels=torch.tensor([0, 1])).loss, LR)
 
 
+# Where an entry deliberately differs from Trainer's build, with why (the entry's factory says it too): off the GPU,
+# torch-optimi 0.3.3 decides Triton before it gathers the parameters and, with Triton installed, takes its Triton
+# kernel for CPU tensors, which fails there; the entry turns Triton off on the CPU.
+DEVIATIONS = {"stable_adamw": {"triton": False}}
+
+
 @pytest.mark.parametrize("name", HF_NAMES)
 def test_each_hf_name_builds_what_trainer_builds(name, tiny_bert, tmp_path, clean_global_manager, monkeypatch):
     spec = optimizers.resolve(name)
@@ -104,7 +111,10 @@ def test_each_hf_name_builds_what_trainer_builds(name, tiny_bert, tmp_path, clea
     assert ours_table.keys() == theirs_table.keys()
     for param, (class_name, cls, settings) in theirs_table.items():
         assert ours_table[param][0] == class_name and issubclass(ours_table[param][1], cls), param
-        assert ours_table[param][2] == settings, param
+        deviation = {k: v for k, v in DEVIATIONS.get(name, {}).items() if k in settings}
+        assert ours_table[param][2] == {**settings, **deviation}, param
+    if name in DEVIATIONS and importlib.util.find_spec("triton") is not None:
+        pytest.skip(f"Trainer's own {name} fails on CPU tensors where Triton is installed (the entry avoids it)")
     kwargs = {k: v for k, v in theirs_kwargs.items() if k not in ("params", "model", "optimizer_dict", "lr")}
     assert kwargs.items() <= {**spec.default_kwargs, **ours.defaults}.items() or not kwargs, (kwargs, ours.defaults)
     assert isinstance(theirs_cls, type)
