@@ -171,6 +171,20 @@ def test_study_markdown_says_budget_scratch_and_profile(tmp_path):
     assert "performance profile" in markdown and "| adamw       |                 1 " in markdown
 
 
+def test_a_target_carried_by_the_finals_is_said_to_be_fixed_before_the_runs(tmp_path):
+    """A study's target is set between its stages and carried by every final (`target_value`): the note says it was
+    fixed before the runs, and the after-the-fact wording (for a plain run without --target) is not used."""
+    records = _study()
+    for record in records:
+        if record.stage == "final":
+            record.target_value = 0.85
+    markdown, _ = write_report(records, tmp_path, figures=False)
+    assert "accuracy >= 0.85 on the eval curve (fixed before the runs)" in markdown
+    assert "set after the fact" not in markdown
+    markdown, _ = write_report(_study(), tmp_path / "after", figures=False)
+    assert "(set after the fact: 0.95 x the best final mean" in markdown
+
+
 def test_min_metric_target_and_one_seed_interval():
     records = [Record(trial_id=f"p{i}", optimizer=name, seed=0, status="ok", target_metric="perplexity",
                       target_mode="min", eval_metrics={"perplexity": ppl},

@@ -96,7 +96,8 @@ def notes(rows: pd.DataFrame) -> str:
     metric = first["target_metric"]
     if present(first.get("job_target")) and rows.get("time_to_target_s_n", pd.Series(dtype=float)).fillna(0).sum():
         sign = ">=" if first["target_mode"] == "max" else "<="
-        when = ("fixed before the runs" if first.get("job_target_fixed") is True else
+        fixed = first.get("job_target_fixed")  # a numpy bool out of the frame: truth, not identity with True
+        when = ("fixed before the runs" if present(fixed) and bool(fixed) else
                 f"set after the fact: {TARGET_SHARE:g} x the best final mean (give --target to fix it)")
         said.append(f"target: {metric} {sign} {first['job_target']:.4g} on the eval curve ({when}); time to target "
                     "is the median over seeds, a seed that never reached it counting as infinite, each crossing "
