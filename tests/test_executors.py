@@ -34,12 +34,20 @@ Root Cause (first observed failure):
   exitcode  : 1 (pid: 125)
 ============================================================
 """
+# One rank's trial failed inside it (torchao's compiled step on an uneven FSDP2 shard); it says so before the
+# group's last collective, where the other rank, still inside FSDP's all-gather, dies on its absence.
+RANK_FAILED_TAIL = b"""[rank1]: trial error: AssertionError: expected size 1==2, stride 1==1 at dim=0
+[rank0]: trial error: RuntimeError: [pair.cc:537] Read error [127.0.0.1]:946: Connection reset by peer.
+terminate called after throwing an instance of 'gloo::EnforceNotMet'
+  what():  [enforce fail at pair.cc:456] op.preamble.length <= op.nbytes. 149380 vs 4.
+"""
 BAD_ALLOC_TAIL = b"terminate called after throwing an instance of 'std::bad_alloc'\n  what():  std::bad_alloc\n"
 PYTHON_TAIL = b'Traceback (most recent call last):\n  File "x.py", line 1, in <module>\nValueError: no such lr\n'
 
 
 @pytest.mark.parametrize("tail,cause", [
     (TORCHRUN_TAIL, "RuntimeError: CUDA error: an illegal memory access was encountered"),
+    (RANK_FAILED_TAIL, "trial error: AssertionError: expected size 1==2, stride 1==1 at dim=0"),
     (BAD_ALLOC_TAIL, "what():  std::bad_alloc"),
     (PYTHON_TAIL, "ValueError: no such lr"),
     (b"Signal 9 (SIGKILL) received by PID 125\n", "Signal 9 (SIGKILL) received by PID 125"),

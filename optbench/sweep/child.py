@@ -218,7 +218,11 @@ def rank_main(spec_path: str, record_path: str) -> int:
     _apply_settings(spec, _device_for(spec))
     dist.init_process_group(backend="nccl" if cuda else "gloo")
     try:
-        merged = gather(run_trial(spec))
+        record = run_trial(spec)
+        if record.status != "ok":  # said before the gather: a rank still inside a collective dies on this rank's
+            # absence, and the first cause the group's log names (executors.cause_in_log) must be this one
+            print(f"[rank{dist.get_rank()}]: trial {record.status}: {record.error}", file=sys.stderr, flush=True)
+        merged = gather(record)
         if dist.get_rank() == 0:
             _write_record(merged, Path(record_path))
     finally:

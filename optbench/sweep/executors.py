@@ -96,7 +96,8 @@ def died_record(spec: TrialSpec, returncode: int, tail: bytes, wall_s: float) ->
 
 
 # What a dying process says about why: a Python exception, a C++ abort's `what():`, a fatal signal.
-CAUSE = re.compile(r"(\w+(Error|Exception)\b.*|what\(\):.*|Signal \d+ \(\w+\) received.*)$")
+# (A torchrun rank whose trial failed inside it says `trial <status>: <error>` before the group's last collective.)
+CAUSE = re.compile(r"(trial \w+: .*|\w+(Error|Exception)\b.*|what\(\):.*|Signal \d+ \(\w+\) received.*)$")
 
 
 def _last_lines(tail: bytes, count: int = 3) -> str:
