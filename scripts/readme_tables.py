@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT / "scripts"))  # readme_gpu beside this file
 from readme_gpu import gpu_section  # noqa: E402
 
 from optbench.records.record import Record, read_records  # noqa: E402
+from optbench.report import metrics  # noqa: E402
 from optbench.report import render as report  # noqa: E402
 from optbench.report.frame import summarize, trials_frame  # noqa: E402
 
@@ -285,10 +286,10 @@ def roofline_agreement() -> str:
     path = RESULTS / "roofline.jsonl"
     if not path.is_file():
         return "not measured yet"
-    values = [100 * r.roofline_fraction for r in read_records(path) if r.status == "ok" and r.roofline_fraction
-              and r.device_bandwidth_calibrated_bytes_per_s]
+    shown = [metrics.record_values(r)["roofline_pct"] for r in read_records(path) if r.status == "ok"]
+    values = [value for value in shown if value is not None]  # against a steady calibration only
     if not values:
-        return "no calibrated trial in roofline.jsonl"
+        return "no trial in roofline.jsonl against a steady calibration"
     middle = statistics.median(values)
     stray = max(abs(v / middle - 1) for v in values)
     return (f"{min(values):.1f}–{max(values):.1f} % over {len(values)} trials, each within ±{100 * stray:.1f} % of "

@@ -143,7 +143,9 @@ def test_stage_commands():
                                  job_argv=("--workload", "tiny"))
     bench = nightly.benchmark_command(config, Path("o/benchmarks.json"))
     assert "--benchmark-save-data" in bench and "--optbench-preset=smoke" in bench
-    assert "benchmarks/test_finetune.py::test_finetune[adamw]" in bench
+    assert "benchmarks/test_finetune.py::test_finetune[adamw]" in bench and "--optbench-harness" not in bench
+    every = nightly.benchmark_command(dataclasses.replace(config, preset="nightly", optimizers=()), Path("o/b.json"))
+    assert "--optbench-optimizers=all" in every and "--optbench-harness" in every  # the harness check: nightly only
     sweep = nightly.sweep_command(config, Path("o/sweep.jsonl"))
     assert sweep[-4:] == ["--workload", "tiny", "--optimizers", "adamw"]
     assert compare.thresholds_for("cuda:1") == compare.DEFAULT_THRESHOLDS["cuda"]

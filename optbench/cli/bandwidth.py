@@ -33,6 +33,10 @@ def calibrate_bandwidth_command(args: argparse.Namespace) -> int:
     try:
         found = bandwidth.calibrate(device, machine, device_name(device), environment(device), args.rounds,
                                     args.passes)
+        if not found.steady:
+            print(found.describe())
+            raise UsageError("calibrate-bandwidth not written: the machine changed speed while it was measured "
+                             "(a busy host or neighbour); calibrate again when it is idle")
         bandwidth.save(found, path)
     except bandwidth.BandwidthError as exc:
         raise UsageError(str(exc)) from None

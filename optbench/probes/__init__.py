@@ -15,3 +15,16 @@ May import: nothing else of optbench (torch only).
 # Optimizer8bit.step): the host waits out each kernel before it launches the next, so the step is host-serialised
 # and its roofline share is bound by launches and waits. Here, torch-free, so that the report can name it.
 HOST_SYNCED = "per-parameter, host-synced"
+
+# A bandwidth calibration is steady when its slowest passes (the 5 % quantile) ran at STEADY_SHARE of its fastest
+# (the 95 %, the ceiling) or more. On the 2-core reference CPU at rest 200 passes spread 24.2-29.4 GB/s (82 %); one
+# taken while the host was slowed spread 7.6-15.5 (49 %), and five fused-AdamW trials divided by it read 98-173 %
+# "of the roofline". A machine whose speed moved while it was measured has no one ceiling: such a calibration is
+# not written (cli/bandwidth.py) and a record stamped with one shows no roofline (report/metrics.py).
+STEADY_SHARE = 0.7
+
+
+def steady_calibration(ceiling_bytes_per_s: float, spread_bytes_per_s: float) -> bool:
+    """Whether a calibration's 5-95 % spread (`spread`, the ceiling being its 95 % quantile) leaves its slowest
+    passes at STEADY_SHARE of the ceiling or more. Torch-free: the report judges stamped records with it."""
+    return ceiling_bytes_per_s > 0 and ceiling_bytes_per_s - spread_bytes_per_s >= STEADY_SHARE * ceiling_bytes_per_s

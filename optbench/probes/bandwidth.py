@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from optbench.probes import measure, triad
+from optbench.probes import STEADY_SHARE, measure, steady_calibration, triad
 
 CACHE_ENV = "OPTBENCH_CACHE"
 FILE_ENV = "OPTBENCH_BANDWIDTH_FILE"
@@ -59,6 +59,11 @@ class BandwidthCalibration:
         """The 5-95 % range of the passes."""
         return self.quantiles_bytes_per_s["0.95"] - self.quantiles_bytes_per_s["0.05"]
 
+    @property
+    def steady(self) -> bool:
+        """Whether the machine held one speed while it was measured (probes.steady_calibration)."""
+        return steady_calibration(self.ceiling_bytes_per_s, self.spread_bytes_per_s)
+
     def disagrees(self, probe_bytes_per_s: float) -> bool:
         """A trial probe's median outside the calibration's 5-95 % range: the machine then was not the machine
         calibrated (busier, other threads, another device)."""
@@ -69,7 +74,9 @@ class BandwidthCalibration:
         q = self.quantiles_bytes_per_s
         return (f"{self.machine}: ceiling {self.ceiling_bytes_per_s / 1e9:.1f} GB/s (the {CEILING_QUANTILE:.0%} "
                 f"quantile of {self.passes} triad passes; 5-95 % {q['0.05'] / 1e9:.1f}-{q['0.95'] / 1e9:.1f} GB/s, "
-                f"median {q['0.5'] / 1e9:.1f})")
+                f"median {q['0.5'] / 1e9:.1f})" + ("" if self.steady else
+                f"; unsteady: its slowest passes ran at {q['0.05'] / q['0.95']:.0%} of its fastest (a steady machine's "
+                f">= {STEADY_SHARE:.0%}): the machine changed speed while it was measured"))
 
 
 def cache_dir() -> Path:

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from optbench.probes import steady_calibration
 from optbench.records.record import MIB, Record
 
 LOWER, HIGHER, TARGET = "lower", "higher", "target"  # directions; TARGET: the record's target_mode decides
@@ -119,9 +120,17 @@ def _matches_analytic(record: Record) -> str | None:
 def _roofline_pct(record: Record) -> float | None:
     """The roofline in %, only against a calibrated ceiling: a record without one (or from before calibrations,
     which divided by its own per-trial probe) has none."""
-    if record.roofline_fraction is None or not record.device_bandwidth_calibrated_bytes_per_s:
+    if record.roofline_fraction is None or not _steadily_calibrated(record):
         return None
     return 100 * record.roofline_fraction
+
+
+def _steadily_calibrated(record: Record) -> bool:
+    """A calibrated ceiling measured while the machine held one speed (probes.steady_calibration); records stamped
+    before calibrations stored their spread count as steady."""
+    ceiling = record.device_bandwidth_calibrated_bytes_per_s
+    spread = record.device_bandwidth_calibrated_spread_bytes_per_s
+    return bool(ceiling) and (spread is None or steady_calibration(ceiling, spread))
 
 
 def _ceiling(record: Record) -> str | None:
@@ -131,6 +140,8 @@ def _ceiling(record: Record) -> str | None:
         return None
     if not record.device_bandwidth_calibrated_bytes_per_s:
         return "uncalibrated"
+    if not _steadily_calibrated(record):
+        return "unsteady calibration"
     return "calibrated; probe disagrees" if record.device_bandwidth_probe_disagrees else "calibrated"
 
 
