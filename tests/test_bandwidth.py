@@ -8,10 +8,11 @@ import pytest
 import torch
 
 from optbench.__main__ import main
-from optbench.probes import bandwidth, measure, steady_calibration, triad
+from optbench.probes import bandwidth, measure, triad
 from optbench.records.environment import machine_key
 from optbench.records.record import Record, read_records
 from optbench.report import metrics
+from optbench.report.frame import summarize, trials_frame
 from optbench.trial import describe
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -126,14 +127,17 @@ def test_the_command_refuses_a_device_that_is_not_there(capfd):
     assert "sees no CUDA device" in capfd.readouterr().err
 
 
-def test_no_committed_record_shows_a_roofline_above_one():
-    """Every record under results/: the roofline the report would show is at most 100 %, and a record carrying a
-    steady calibration never stores one above 1 (records from before calibrations are shown as uncalibrated; those
-    divided by an unsteady calibration are not shown, as the test above checks)."""
-    records = [r for path in sorted((ROOT / "results").rglob("*.jsonl")) for r in read_records(path)]
-    assert records
-    shown = [metrics.record_values(r)["roofline_pct"] for r in records]
-    assert all(value is None or value <= 100 for value in shown)
-    calibrated = [r for r in records if r.device_bandwidth_calibrated_bytes_per_s and steady_calibration(
-        r.device_bandwidth_calibrated_bytes_per_s, r.device_bandwidth_calibrated_spread_bytes_per_s)]
-    assert all(r.roofline_fraction is None or r.roofline_fraction <= 1.0 for r in calibrated)
+def test_no_committed_roofline_above_one_is_reported_as_a_share():
+    """Every results file under results/: a trial whose roofline against a steady calibration is above 100 % (the
+    ceiling below what the kernel moved) is counted as `calib. fail` in its report, never averaged into the share.
+    The stored fraction stays on the record, a measured fact about the ceiling: against
+    results/cpu-2core/bandwidth.json the fused AdamW kernel read 99-115 % (README, roofline %). Records from before
+    calibrations show no roofline, nor do those divided by an unsteady calibration (the tests above)."""
+    for path in sorted((ROOT / "results").rglob("*.jsonl")):
+        records = read_records(path)
+        shown = [metrics.record_values(r)["roofline_pct"] for r in records if r.status == "ok"]
+        above = [value for value in shown if value is not None and value > 100]
+        if above:
+            summary = summarize(trials_frame(records))
+            assert (summary["roofline_pct"].dropna() <= 100).all(), path
+            assert summary["roofline_pct_invalid"].fillna(0).sum() == len(above), path
