@@ -50,7 +50,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.getgroup("optbench").addoption(
         f"--{HARNESS_OPTION}", action="store_true",
         help="also run the harness-vs-bare step-time check (test_harness_overhead.py): pairs of runs until its 95 %% "
-             "interval resolves the tolerance, 6-20 pairs at the default size, up to ~12 minutes on 2 CPU cores")
+             "interval resolves the tolerance, 6-20 pairs at the default size, up to ~14 minutes on 2 CPU cores")
     parser.getgroup("optbench").addoption(
         "--optbench-device", default=None, metavar="DEVICE",
         help=f"auto, cpu, cuda or cuda:N (default: ${DEVICE_ENV} or 'auto': the current GPU if any, else the CPU)")

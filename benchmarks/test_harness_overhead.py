@@ -68,7 +68,7 @@ def interleaved_pairs(run_bare, run_harness, size: BenchSize) -> tuple[list[floa
 
 def test_harness_step_time_matches_a_bare_loop(benchmark, bench_size: BenchSize, device, request):
     if not request.config.getoption("--optbench-harness"):
-        pytest.skip("the harness-vs-bare check runs with --optbench-harness (up to ~12 minutes on 2 CPU cores at the "
+        pytest.skip("the harness-vs-bare check runs with --optbench-harness (up to ~14 minutes on 2 CPU cores at the "
                     "default size; `scripts/reference-results harness` and the nightly GPU run pass it)")
     spec = trial_spec(bench_size, "adamw", device, steps=bench_size.overhead_steps,
                       warmup_steps=bench_size.overhead_warmup_steps, eval_size=HARNESS_EVAL_SIZE)

@@ -16,6 +16,7 @@ import json
 import re
 import statistics
 import sys
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -280,6 +281,19 @@ def fit_table() -> str:
 ROOFLINE_AGREEMENT = 0.05  # five trials of one kernel must each read within ±5 % of their median
 
 
+def new_entries() -> str:
+    """The smoke run of every runnable entry HF's optim names brought: how many ran, how many held exactly the
+    analytic state, and how each resumed from its step-4 checkpoint."""
+    records = _records(("new-entries.jsonl", "new-entries-trainer.jsonl"))
+    ok = [r for r in records if r.status == "ok"]
+    exact = sum(r.state_bytes == r.analytic_state_bytes for r in ok)
+    resumed = Counter(str(r.resume_status) for r in ok)
+    said = ", ".join(f"{count} {status}" for status, count in resumed.most_common())
+    odd = ", ".join(sorted(r.optimizer for r in ok if r.resume_status not in ("exact", "close")))
+    return (f"{len(ok)} of {len(records)} ok, {exact} of them holding exactly the analytic state; resumed from step 4: "
+            f"{said}" + (f" ({odd})" if odd else ""))
+
+
 def roofline_agreement() -> str:
     """The roofline of one kernel (adamw_fused) over several trials against the calibrated ceiling: its range, how
     far the trials stray from their median, and whether any exceeds 100 %."""
@@ -443,6 +457,7 @@ VALUES: dict[str, Callable[[], str]] = {
     "predictor.band": predictor_band,
     "predictor.coverage": lambda: predictor_coverage("summary"),
     "roofline.agreement": roofline_agreement,
+    "new-entries.summary": new_entries,
     "harness.summary": harness_summary,
     "probe.sleep": lambda: slowdown_probe("sleep"),
     "probe.spin": lambda: slowdown_probe("spin"),
