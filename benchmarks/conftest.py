@@ -34,7 +34,6 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 PRESET_ENV = "OPTBENCH_PRESET"
-HARNESS_OPTION = "optbench-harness"  # the harness-vs-bare check is opt-in: alone it outlasts the rest of the default
 DEVICE_ENV = "OPTBENCH_DEVICE"
 
 
@@ -48,7 +47,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="default: the three default optimizers + one entry per library family (~10 on this CPU); all: every "
              "registry entry; or comma-separated registry names (unavailable ones skip)")
     parser.getgroup("optbench").addoption(
-        f"--{HARNESS_OPTION}", action="store_true",
+        "--optbench-harness", action="store_true",
         help="also run the harness-vs-bare step-time check (test_harness_overhead.py): pairs of runs until its 95 %% "
              "interval resolves the tolerance, 6-20 pairs at the default size, up to ~14 minutes on 2 CPU cores")
     parser.getgroup("optbench").addoption(

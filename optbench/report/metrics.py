@@ -118,8 +118,8 @@ def _matches_analytic(record: Record) -> str | None:
 
 
 def _roofline_pct(record: Record) -> float | None:
-    """The roofline in %, only against a calibrated ceiling: a record without one (or from before calibrations,
-    which divided by its own per-trial probe) has none."""
+    """The roofline in %, only against a steady calibrated ceiling: a record without one (or from before
+    calibrations, which divided by its own per-trial probe, or stamped with an unsteady calibration) has none."""
     if record.roofline_fraction is None or not _steadily_calibrated(record):
         return None
     return 100 * record.roofline_fraction
