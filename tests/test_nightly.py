@@ -211,20 +211,23 @@ E2E = os.environ.get("OPTBENCH_NIGHTLY_E2E") == "1"
 
 @pytest.mark.skipif(not E2E, reason="runs three real nights (minutes): set OPTBENCH_NIGHTLY_E2E=1 (.ci/run does)")
 def test_three_nights_on_cpu(tmp_path, monkeypatch, capsys):
-    """Night 1 writes the baseline, night 2 (same code) is clean, night 3 (optimizer.step made 4x slower
+    """Night 1 writes the baseline, night 2 (same code) is clean, night 3 (optimizer.step made 20x slower
     by the test knob) is red, names the optimizer, the metric and the change, and keeps the baseline."""
     monkeypatch.chdir(Path(nightly.__file__).parents[2])
-    # Night 2 tests the baseline machinery, not this machine's noise: a shared CI box can shift a whole run by
-    # more than the calibrated 25 % and a tiny model's RSS peak by +36 MiB; night 3 is 4x slower.
-    quick = ["--workload", "tiny", "--optimizers", "adamw,adafactor", "--max-slowdown", "100",
-             "--min-peak-growth", "256"]
+    # Timing thresholds here test the baseline machinery, not this machine's noise. On a shared CI box one night's
+    # single-process medians moved +111 % (adamw step) and +382 % (adafactor optimizer step) against a same-commit
+    # baseline, and a tiny model's RSS peak by +21 MiB. So night 2 (same code) disables the time gate (a slowdown
+    # limit no machine reaches: its memory, state and accuracy checks still run), and night 3 puts its signal far
+    # from its limit: optimizer.step 20x slower against a 2x limit.
+    quick = ["--workload", "tiny", "--optimizers", "adamw,adafactor", "--min-peak-growth", "256"]
     start = time.perf_counter()
-    assert _night(tmp_path, "n1", *quick) == 0
+    assert _night(tmp_path, "n1", *quick, "--max-slowdown", "100") == 0
     assert (tmp_path / "baseline" / nightly.SWEEP_FILE).is_file()
-    assert _night(tmp_path, "n2", *quick) == 0, (tmp_path / "n2" / "summary.md").read_text()
+    night2 = _night(tmp_path, "n2", *quick, "--max-slowdown", "1000000")
+    assert night2 == 0, (tmp_path / "n2" / "summary.md").read_text()
     before = (tmp_path / "baseline" / nightly.SWEEP_FILE).read_bytes()
-    monkeypatch.setenv("OPTBENCH_TEST_OPTIMIZER_SLOWDOWN", "3.0")
-    assert _night(tmp_path, "n3", *quick) == 1
+    monkeypatch.setenv("OPTBENCH_TEST_OPTIMIZER_SLOWDOWN", "19.0")
+    assert _night(tmp_path, "n3", *quick, "--max-slowdown", "100") == 1
     summary = (tmp_path / "n3" / "summary.md").read_text()
     assert "optbench nightly: REGRESSION" in summary
     assert any(line.startswith("- sweep: adamw [") and "optimizer step +" in line
