@@ -239,6 +239,29 @@ def run_vs_study() -> str:
     return ", ".join(said) + " points"
 
 
+def power_cost(candidate: str, target_pts: float = 2.0) -> str:
+    """What a minimum detectable difference of `target_pts` against AdamW would take at the committed study's own
+    paired spread: the SD of the seed-paired differences, the smallest n whose MDD reaches the target, and that many
+    seeds' final trials of both arms at their median measured wall time (the tune stage not counted)."""
+    from optbench.report import stats
+    from optbench.report.frame import per_seed
+
+    study = trials_frame(_records(("study.jsonl",)))
+    finals = study[study["final"] & (study["status"] == "ok")]
+    differences = stats.oriented_differences(per_seed(finals, candidate), per_seed(finals, "adamw"), "max",
+                                             stats.POINTS)
+    sd = statistics.stdev(differences)
+    margin = stats.DEFAULT_MARGIN[stats.POINTS]
+    n = next((n for n in range(2, stats.MAX_SEEDS + 1)
+              if stats.minimum_detectable_difference(sd, n, margin) <= target_pts), None)
+    if n is None:
+        return f"paired SD {sd:.2f} pts: more than {stats.MAX_SEEDS} seeds"
+    pair_s = sum(finals[finals["optimizer"] == name]["wall_s"].median() for name in (candidate, "adamw"))
+    return (f"paired SD {sd:.2f} pts over {len(differences)} seeds; an MDD of {target_pts:g} pts needs n = {n} "
+            f"seeds, {n * pair_s / 60:.0f} minutes of final trials for the two arms alone "
+            f"({pair_s:.0f} s per seed pair)")
+
+
 def explain(optimizer: str) -> str:
     from optbench.memory import statemap
 
@@ -443,6 +466,7 @@ VALUES: dict[str, Callable[[], str]] = {
     "saturated-study.minutes": lambda: sweep_minutes("saturated/study.jsonl"),
     "study.ceiling": lambda: bound("study.jsonl", "metric_ceiling"),
     "default.vs-study": run_vs_study,
+    "study.adamw8bit.power": lambda: power_cost("adamw8bit"),
     "study.chance": lambda: bound("study.jsonl", "metric_chance"),
     "lm.floor": lambda: bound("lm.jsonl", "metric_ceiling", 2),
     "lm.unigram": lambda: bound("lm.jsonl", "metric_chance", 1),
