@@ -220,6 +220,32 @@ def spread_pts(file: str, optimizer: str | None = None) -> str:
     return f"{100 * (max(values) - min(values)):.1f}"
 
 
+def design_table() -> str:
+    """The pilot that chose the study's job (`reference-results design`): per job, AdamW's seeds and how far apart
+    two runs of one seed end when only the rounding differs (AdamW against its fused kernel): the noise floor of a
+    paired difference, and the minimum detectable difference a candidate that tracked AdamW that closely would get
+    at the study's six seeds."""
+    from optbench.report import stats
+
+    rows = []
+    for batch in (16, 64):
+        records = [r for r in _records((f"design/batch-{batch}.jsonl",)) if r.status == "ok"]
+        accuracy = {(r.optimizer, r.seed): 100 * r.eval_accuracy for r in records}
+        seeds = sorted(seed for name, seed in accuracy if name == "adamw" and ("adamw_fused", seed) in accuracy)
+        adamw = [accuracy["adamw", seed] for seed in seeds]
+        pairs = [accuracy["adamw_fused", seed] - accuracy["adamw", seed] for seed in seeds]
+        sd = statistics.stdev(pairs)
+        job = records[0]
+        rows.append({"job": f"{job.steps} steps x batch {job.batch_size}", "seeds": len(seeds),
+                     "AdamW accuracy % per seed": ", ".join(f"{a:.1f}" for a in adamw),
+                     "AdamW seed SD pts": f"{statistics.stdev(adamw):.2f}",
+                     "fused - AdamW pts per seed": ", ".join(f"{d:+.2f}" for d in pairs),
+                     "paired SD pts": f"{sd:.2f}",
+                     "MDD at n=6 pts": f"{stats.minimum_detectable_difference(sd, 6, 1.0):.2f}",
+                     "ceiling": f"{job.metric_ceiling:.4f}"})
+    return pd.DataFrame(rows).to_markdown(index=False)
+
+
 def bound(file: str, field: str, decimals: int = 4) -> str:
     """The metric's ceiling (floor) or chance its records agree on (report/bounds.py), as the report prints it."""
     from optbench.report.bounds import single
@@ -239,14 +265,14 @@ def run_vs_study() -> str:
     return ", ".join(said) + " points"
 
 
-def power_cost(candidate: str, target_pts: float = 2.0) -> str:
+def power_cost(candidate: str, target_pts: float = 2.0, study_file: str = "study.jsonl") -> str:
     """What a minimum detectable difference of `target_pts` against AdamW would take at the committed study's own
     paired spread: the SD of the seed-paired differences, the smallest n whose MDD reaches the target, and that many
     seeds' final trials of both arms at their median measured wall time (the tune stage not counted)."""
     from optbench.report import stats
     from optbench.report.frame import per_seed
 
-    study = trials_frame(_records(("study.jsonl",)))
+    study = trials_frame(_records((study_file,)))
     finals = study[study["final"] & (study["status"] == "ok")]
     differences = stats.oriented_differences(per_seed(finals, candidate), per_seed(finals, "adamw"), "max",
                                              stats.POINTS)
@@ -422,6 +448,11 @@ TABLES: dict[str, Callable[[], str]] = {
     # quality only: the control is about power, and its times are not a reference (its load is in the provenance)
     "study-control": lambda: render_table(Table(("study-control.jsonl",), (
         "optimizer", "tuned lr", "eval accuracy", "ceiling", DELTA, DETECTABLE))),
+    # the batch-16 design on the task with headroom (docs/study.md's history), as the README showed it
+    "design": design_table,
+    "batch16-study": lambda: render_table(Table(("batch16/study.jsonl",), STUDY_COLUMNS)),
+    "batch16-control": lambda: render_table(Table(("batch16/study-control.jsonl",), (
+        "optimizer", "tuned lr", "eval accuracy", "ceiling", DELTA, DETECTABLE))),
     # the designs before the task had headroom (docs/study.md's history): their records, rendered as they are
     "saturated-study": lambda: render_table(Table(("saturated/study.jsonl",), (
         "optimizer", "tuned lr", "near-tie band", "eval accuracy", DELTA, "time to target s", "state MiB",
@@ -464,6 +495,9 @@ VALUES: dict[str, Callable[[], str]] = {
     "study.minutes": lambda: sweep_minutes("study.jsonl"),
     "study-control.minutes": lambda: sweep_minutes("study-control.jsonl"),
     "saturated-study.minutes": lambda: sweep_minutes("saturated/study.jsonl"),
+    "batch16-study.minutes": lambda: sweep_minutes("batch16/study.jsonl"),
+    "batch16-study.adamw.spread": lambda: spread_pts("batch16/study.jsonl", "adamw"),
+    "batch16-study.adamw8bit.power": lambda: power_cost("adamw8bit", study_file="batch16/study.jsonl"),
     "study.ceiling": lambda: bound("study.jsonl", "metric_ceiling"),
     "default.vs-study": run_vs_study,
     "study.adamw8bit.power": lambda: power_cost("adamw8bit"),

@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from optbench.job.spec import STUDY_BUDGETS
+from optbench.job.spec import PRESETS, STUDY_BUDGETS
 from optbench.records.record import Record, read_records
 from optbench.report.frame import MEM_SAVED, SPEED, summarize, time_to_target_by_job, trials_frame
 from optbench.report.render import render_markdown, verdict_sentences
@@ -85,7 +85,8 @@ def test_the_committed_study_chooses_the_lrs_its_finals_ran_at():
     finals = frame[frame["stage"] == "final"].groupby("optimizer")["lr"].first()
     assert summary["tuned_lr"].to_dict() == pytest.approx(finals.to_dict())
     seeds = len(STUDY_BUDGETS["study"].seeds)
-    assert set(summary["of_trials"]) == {seeds} and set(summary["tune_steps"]) == set(frame["steps"]) == {150}
+    steps = PRESETS["study"].steps
+    assert set(summary["of_trials"]) == {seeds} and set(summary["tune_steps"]) == set(frame["steps"]) == {steps}
 
 
 def test_side_by_side_groups_by_key_and_twin_labels_are_told_apart():

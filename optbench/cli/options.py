@@ -116,8 +116,9 @@ def _add_placement(where) -> None:
     where.add_argument("--max-memory", type=memory_size, metavar="SIZE",
                        help="cap on the memory each trial adds (RLIMIT_AS; on CUDA the allocator's share of the "
                             "GPU), e.g. 8GiB: past it the trial is `oom`")
-    where.add_argument("--jobs", type=positive_int, default=1,
-                       help="trials at once: one GPU each on CUDA; on CPU the cores are shared (timings interfere)")
+    where.add_argument("--jobs", type=positive_int,
+                       help="trials at once: one GPU each on CUDA; on CPU the cores are shared, one thread share each "
+                            "(default 1; a study: its design's, see optbench/job/presets.toml)")
     where.add_argument("--executor", choices=["local", "slurm"], default="local",
                        help="local processes, or each round of trials as one Slurm job array (pip install submitit)")
     where.add_argument("--allow-errors", action="store_true",

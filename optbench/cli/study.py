@@ -34,6 +34,6 @@ def study_command(args: argparse.Namespace) -> int:
           f"x tune seeds {','.join(map(str, budget.tune_seeds))} at {plan.settings['steps']} steps, then seeds "
           f"{','.join(map(str, budget.seeds))} at the chosen lr -> {out}", file=sys.stderr)
     run_study(plan.names, plan.settings, budget, out, grids=grids, kwargs=plan.optimizer_kwargs,
-              executor=executor(args, specs, out), jobs=args.jobs)
+              executor=executor(args, specs, out, budget.jobs), jobs=budget.jobs)
     finish(args, out)
     return exit_status(args, [r for r in load_records([out]) if r.optimizer in plan.names])

@@ -37,11 +37,12 @@ def sweep(args: argparse.Namespace, plan, out: Path) -> list[Record]:
     except OSError as exc:
         raise UsageError(f"cannot write results to {out}: {exc.strerror or exc} (pass a writable file with --out)") \
             from None
-    chosen = executor(args, plan.specs, out)  # a misused flag is one line before anything else is said
+    jobs = args.jobs or 1
+    chosen = executor(args, plan.specs, out, jobs)  # a misused flag is one line before anything else is said
     plan = with_lrs(plan)
     print(f"optbench: {len(plan.specs) + len(plan.unavailable)} trials -> {out}", file=sys.stderr)
     try:
-        return run_sweep(plan.specs, out, on_record=show, jobs=args.jobs, executor=chosen, skipped=plan.unavailable)
+        return run_sweep(plan.specs, out, on_record=show, jobs=jobs, executor=chosen, skipped=plan.unavailable)
     except DeviceError as exc:  # a cuda:N outside the GPUs this process may use
         raise UsageError(str(exc)) from None
 
@@ -64,8 +65,8 @@ def with_lrs(plan: Plan) -> Plan:
     return dataclasses.replace(plan, specs=specs)
 
 
-def executor(args: argparse.Namespace, specs: list, out: Path):
-    """The executor asked for; on CPU, --jobs > 1 comes with a warning about timings."""
+def executor(args: argparse.Namespace, specs: list, out: Path, jobs: int):
+    """The executor asked for; on CPU, `jobs` > 1 comes with a warning about timings."""
     from optbench import optimizers
     from optbench.sweep import LocalExecutor
 
@@ -74,8 +75,8 @@ def executor(args: argparse.Namespace, specs: list, out: Path):
     given = [flag for flag, dest in SLURM_FLAGS if getattr(args, dest, None) is not None]
     if given:
         raise UsageError(f"{given[0]} applies to --executor slurm")
-    if args.jobs > 1 and all(spec.device == "cpu" for spec in specs):
-        print(f"optbench: warning: {args.jobs} trials at once share this CPU's cores and memory bandwidth; their "
+    if jobs > 1 and all(spec.device == "cpu" for spec in specs):
+        print(f"optbench: warning: {jobs} trials at once share this CPU's cores and memory bandwidth; their "
               "step times interfere (use --jobs 1 for timings you quote)", file=sys.stderr)
     uses_bitsandbytes = any(optimizers.resolve(s.optimizer).library.startswith("bitsandbytes") for s in specs)
     return LocalExecutor(uses_bitsandbytes=uses_bitsandbytes)
@@ -90,7 +91,7 @@ SLURM_FLAGS = (("--slurm-partition", "slurm_partition"), ("--slurm-time", "slurm
 def slurm_executor(args: argparse.Namespace, out: Path):
     """Each round of trials as one Slurm job array; submitit's files in <out without .jsonl>/slurm/, the trial logs
     in <out without .jsonl>/logs/ (both must be on storage the nodes share, like the results file)."""
-    if args.jobs > 1:
+    if (args.jobs or 1) > 1:
         raise UsageError("--jobs runs trials side by side on this machine; with --executor slurm the array runs "
                          "them (cap: --slurm-max-running)")
     try:

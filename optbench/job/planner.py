@@ -161,10 +161,13 @@ class StudyPlan:
 
 
 def study_budget(preset_name: str, flags: Mapping[str, Any]) -> StudyBudget:
-    """The preset's study budget with the study flags (--lr-points, --tune-seeds, --seeds, --tune-search) applied."""
+    """The preset's study budget with the study flags (--lr-points, --tune-seeds, --seeds, --tune-search, --jobs)
+    applied; under --executor slurm the array, not --jobs, runs trials side by side, so the design's jobs is 1."""
     budget = STUDY_BUDGETS[preset_name]
     changes = {key: tuple(flags[key]) if isinstance(flags.get(key), list) else flags[key]
-               for key in ("lr_points", "tune_seeds", "seeds") if flags.get(key) is not None}
+               for key in ("lr_points", "tune_seeds", "seeds", "jobs") if flags.get(key) is not None}
+    if flags.get("executor", "local") != "local" and flags.get("jobs") is None:
+        changes["jobs"] = 1
     if flags.get("tune_search"):
         changes["search"] = flags["tune_search"]
     for key in ("tune_seeds", "seeds"):

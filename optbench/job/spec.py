@@ -49,6 +49,7 @@ class StudyBudget:
     tune_seeds: tuple[int, ...] = (0,)
     seeds: tuple[int, ...] = (0, 1, 2)
     search: str = "walk"  # "walk" from the default lr (study.next_on_walk) or "grid": every point at once
+    jobs: int = 1  # trials at once when --jobs is not given (local executor only; a GPU each on CUDA)
 
 
 PRESETS_FILE = Path(__file__).with_name("presets.toml")
