@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT / "scripts"))  # readme_gpu beside this file
 
 from readme_gpu import gpu_section  # noqa: E402
 
-from optbench.records.record import Record, read_records  # noqa: E402
+from optbench.records.record import Record, latest_per_trial, read_records  # noqa: E402
 from optbench.report import metrics  # noqa: E402
 from optbench.report import render as report  # noqa: E402
 from optbench.report.frame import summarize, trials_frame  # noqa: E402
@@ -196,7 +196,7 @@ def sharding_table(*files: str) -> str:
 
 def errors(*files: str) -> str:
     """The failed rows' messages, one bullet each (what the library said)."""
-    lines = [_failed(r) for r in _records(files) if r.status != "ok"]
+    lines = [_failed(r) for r in latest_per_trial(_records(files)) if r.status != "ok"]
     return "\n".join(lines) or "(every trial ran)"
 
 
@@ -207,7 +207,7 @@ def _failed(record: Record) -> str:
 def resume_errors(*files: str) -> str:
     """Every row that did not resume exactly, with the reason: a failed trial's message or the resume status."""
     lines = [_failed(r) if r.status != "ok" else f"- {r.optimizer}: {r.resume_status}"
-             for r in _records(files) if r.status != "ok" or r.resume_status != "exact"]
+             for r in latest_per_trial(_records(files)) if r.status != "ok" or r.resume_status != "exact"]
     return "\n".join(lines) or "(every entry resumed exactly)"
 
 

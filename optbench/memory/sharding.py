@@ -230,8 +230,10 @@ def changes_markdown(records: Sequence[Any]) -> str:
     compared and which changed, then one line per changed parameter."""
     from tabulate import tabulate
 
+    from optbench.records.record import latest_per_trial
+
     rows, notes = [], []
-    for record in records:
+    for record in latest_per_trial(records):
         if record.parallel in (None, "none"):
             continue
         changes = record.sharding_state_changes

@@ -18,6 +18,7 @@ import json
 import math
 import os
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -368,6 +369,15 @@ def read_records(path: Path) -> list[Record]:
         warnings.warn(f"{path}: skipping {len(bad)} unreadable line(s): {', '.join(map(str, bad))} "
                       "(torn or corrupted writes)", stacklevel=2)
     return records
+
+
+def latest_per_trial(records: Iterable[Record]) -> list[Record]:
+    """Each trial once, as its latest record says (a rerun of a failed trial appends, the file keeps both): in the
+    order the trials first appear. Every table reads a file this way; the file itself keeps every attempt."""
+    latest: dict[str, Record] = {}
+    for record in records:
+        latest[record.trial_id] = record  # a key seen before keeps its place and takes the newer record
+    return list(latest.values())
 
 
 def completed_trial_ids(path: Path) -> set[str]:

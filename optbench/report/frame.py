@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from optbench.records.record import REFERENCE_OPTIMIZER, Record, job_key, split_peak_memory
+from optbench.records.record import REFERENCE_OPTIMIZER, Record, job_key, latest_per_trial, split_peak_memory
 from optbench.report import bounds, metrics, stats, tuning
 from optbench.report.metrics import MEAN, MEDIAN_INF, MEMORY_HEADLINE, SPEED_HEADLINE, TEXT, Metric, record_values
 
@@ -78,10 +78,9 @@ def _row(record: Record) -> dict[str, Any]:
 def trials_frame(records: Iterable[Record]) -> pd.DataFrame:
     """One row per trial (latest record per trial_id): the Record's fields, every metric of the table, the job
     (`job_id`, label `job`), whether the trial is a final of its job (`final`) and its time to target."""
-    frame = pd.DataFrame([_row(record) for record in records])
+    frame = pd.DataFrame([_row(record) for record in latest_per_trial(records)])
     if frame.empty:
         return frame
-    frame = frame.drop_duplicates("trial_id", keep="last").reset_index(drop=True)
     _link_schema1_tune_records(frame)
     frame["job"] = frame["job_id"].map(_labels(frame))
     frame["weight_precision"] = [key.get("precision") or "fp32" for key in frame["job_key"]]

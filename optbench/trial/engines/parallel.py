@@ -131,8 +131,10 @@ def per_rank_markdown(records: list[Record]) -> str:
     weights + grads + state next to a ddp rank's of the same optimizer (the figure sharding is for)."""
     from tabulate import tabulate
 
+    from optbench.records.record import latest_per_trial
     from optbench.report.metrics import sharding_cell
 
+    records = latest_per_trial(records)
     ddp_held = {r.optimizer: _held_bytes(r.per_rank[0]) for r in records
                 if r.parallel == "ddp" and r.status == "ok" and r.per_rank}
     headers = ["optimizer", "parallel", "rank", "status", "weights MiB", "grads MiB", "state MiB",
