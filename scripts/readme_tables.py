@@ -30,10 +30,10 @@ sys.path.insert(0, str(ROOT / "scripts"))  # readme_gpu beside this file
 
 from readme_gpu import gpu_section  # noqa: E402
 
-from optbench.records.record import Record, latest_per_trial, read_records  # noqa: E402
+from optbench.records.record import Record, read_records  # noqa: E402
 from optbench.report import metrics  # noqa: E402
 from optbench.report import render as report  # noqa: E402
-from optbench.report.frame import summarize, trials_frame  # noqa: E402
+from optbench.report.frame import latest_per_trial, summarize, trials_frame  # noqa: E402
 
 RESULTS = ROOT / "results" / "cpu-2core"
 README = ROOT / "README.md"
@@ -120,9 +120,17 @@ def _shown(values: list, fmt: str = "{}") -> str:
     return ", ".join(fmt.format(v) for v in dict.fromkeys(values)) or "not stamped"
 
 
+def _host(stamp: dict) -> str:
+    """The CPU a stamp was measured on, short: vendor and family/model (`AMD EPYC 25/1`, `Intel Xeon 6/167`)."""
+    vendor = " ".join(word for word in str(stamp["cpu"]).replace("(R)", "").split() if word != "Processor")
+    model = re.findall(r"\d+", str(stamp.get("cpu_model") or ""))[:2]
+    return f"{vendor} {'/'.join(model)}".strip()
+
+
 def provenance_table() -> str:
-    """Per results file: how many stamps it holds, the commit(s) it was measured at, whether the checkout was dirty
-    and the 1-minute load while it was measured (above the two cores, neighbours shared the machine)."""
+    """Per results file: how many stamps it holds, the commit(s) it was measured at, whether the checkout was dirty,
+    the 1-minute load while it was measured (above the two cores, neighbours shared the machine) and the CPU (the
+    2-core machines this project is measured on are not always the same host: timings compare within one file)."""
     groups: dict[str, list[dict]] = {}
     for path in results_files():
         run = path.stem.startswith("run-")  # one of a campaign's runs: one row per folder of them
@@ -137,7 +145,8 @@ def provenance_table() -> str:
         rows.append({"results file": name, "stamps": len(stamps),
                      "commit": _shown([str(s["git_commit"])[:7] for s in stamps if s.get("git_commit")], "`{}`"),
                      "tree": _shown(dirty),
-                     "1-min load": f"{min(loads):.1f}–{max(loads):.1f}" if loads else "not stamped"})
+                     "1-min load": f"{min(loads):.1f}–{max(loads):.1f}" if loads else "not stamped",
+                     "cpu": _shown([_host(s) for s in stamps if s.get("cpu")])})
     return pd.DataFrame(rows).to_markdown(index=False)
 
 

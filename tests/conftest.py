@@ -11,9 +11,8 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# Per-machine files (the bandwidth calibration) from a folder of the test session's own, never the user's cache:
-# a test must not read a calibration the machine happens to have, nor write one.
-os.environ["OPTBENCH_CACHE"] = tempfile.mkdtemp(prefix="optbench-test-cache-")
+# Per-machine files (the bandwidth calibration) from a folder of the test session's own, never the user's cache
+# (set below): a test must not read a calibration the machine happens to have, nor write one.
 os.environ.pop("OPTBENCH_BANDWIDTH_FILE", None)
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")

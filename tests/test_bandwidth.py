@@ -1,6 +1,7 @@
 """The machine's bandwidth, measured once: the calibration, its per-machine file outside the package, the command,
 and the report's refusal of an uncalibrated or impossible roofline (committed records included)."""
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -31,6 +32,57 @@ def test_a_calibration_is_many_passes_with_its_ceiling_a_high_quantile(small_buf
     assert q["0.05"] <= q["0.25"] <= q["0.5"] <= q["0.75"] <= q["0.95"]
     assert q["0.5"] <= found.ceiling_bytes_per_s <= q["0.95"] * (1 + 1e-9)  # the 95 % quantile
     assert found.spread_bytes_per_s == q["0.95"] - q["0.05"] and found.env == {"git_commit": "abc"}
+
+
+def test_a_calibration_measures_every_working_set_from_the_probes_down():
+    assert bandwidth.level_operand_bytes(2**30, 4) == [2**30, 2**29, 2**28, 2**27]
+
+
+def test_calibrated_levels_are_two_operands_each_largest_first(small_buffers):
+    found = bandwidth.calibrate(CPU, "m", "cpu", {}, rounds=1, passes=2, levels=3)
+    assert [level.working_set_bytes for level in found.levels] == [8 * 2**20, 4 * 2**20, 2 * 2**20]
+    assert found.levels[0].ceiling_bytes_per_s == found.ceiling_bytes_per_s and found.buffer_bytes == 4 * 2**20
+
+
+def _levelled(machine: str = "m") -> bandwidth.BandwidthCalibration:
+    """Memory 30 GB/s over 1 GiB; a cache level 90 GB/s over 256 MiB; 150 GB/s over 64 MiB."""
+    def level(size_mib: int, rate: float) -> bandwidth.BandwidthLevel:
+        quantiles = {"0.05": 0.9 * rate, "0.25": 0.93 * rate, "0.5": 0.95 * rate, "0.75": 0.97 * rate, "0.95": rate}
+        return bandwidth.BandwidthLevel(size_mib * 2**20, rate, quantiles, 200)
+
+    levels = (level(1024, 3e10), level(256, 9e10), level(64, 1.5e11))
+    return dataclasses.replace(_calibration(machine, low=0.9 * 3e10, high=3e10), buffer_bytes=512 * 2**20,
+                               levels=levels)
+
+
+@pytest.mark.parametrize("working_set_mib, level_mib", [(2048, 1024), (1024, 1024), (364, 256), (100, 64), (8, 64)])
+def test_a_step_divides_by_the_largest_working_set_calibrated_no_larger_than_its_own(working_set_mib, level_mib):
+    """A step whose weights, grads and state fit a cache streams at that cache's speed: divided by the memory's
+    bandwidth it would read above 100 % (MiniLM's fused AdamW step, 364 MB, on a host with a 480 MiB cache)."""
+    assert _levelled().level_for(working_set_mib * 2**20).working_set_bytes == level_mib * 2**20
+    assert _levelled().level_for(None).working_set_bytes == 1024 * 2**20
+
+
+def test_the_roofline_divides_by_the_level_of_the_steps_working_set_and_says_which():
+    record = Record(optimizer_step_traffic_bytes=636 * 10**6, weights_bytes=91 * 10**6, grads_bytes=91 * 10**6,
+                    state_bytes=182 * 10**6)
+    measure.describe_speed(record, [0.5] * 3, [0.017] * 3)
+    describe.describe_bandwidth(record, [3e10] * 3, _levelled(), "file.json")
+    assert record.device_bandwidth_working_set_bytes == 256 * 2**20  # 364 MB: the 256 MiB level
+    assert record.roofline_fraction == pytest.approx(636e6 / 0.017 / 9e10)  # 41 %, not 125 % of the memory's
+    values = metrics.record_values(record)
+    assert values["bandwidth_gb_s"] == pytest.approx(90) and values["bw_working_set_mib"] == pytest.approx(256)
+    assert record.device_bandwidth_probe_disagrees is False  # the probe is checked against the memory level
+
+
+def test_a_calibration_file_from_before_levels_reads_as_its_memory_level(tmp_path):
+    path = bandwidth.save(_calibration("m"), tmp_path / "old.json")
+    data = json.loads(path.read_text())
+    del data["levels"]
+    path.write_text(json.dumps(data))
+    found = bandwidth.read(path)
+    assert found.levels == () and found.level_for(10**6).ceiling_bytes_per_s == 6e10
+    assert bandwidth.read(bandwidth.save(_levelled(), tmp_path / "new.json")) == _levelled()
 
 
 def _calibration(machine: str, low: float = 4.4e10, high: float = 6e10) -> bandwidth.BandwidthCalibration:

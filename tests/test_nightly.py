@@ -148,7 +148,22 @@ def test_stage_commands():
     assert "--optbench-optimizers=all" in every and "--optbench-harness" in every  # the harness check: nightly only
     sweep = nightly.sweep_command(config, Path("o/sweep.jsonl"))
     assert sweep[-4:] == ["--workload", "tiny", "--optimizers", "adamw"]
-    assert compare.thresholds_for("cuda:1") == compare.DEFAULT_THRESHOLDS["cuda"]
+    assert compare.thresholds_for("cuda") == compare.DEFAULT_THRESHOLDS["cuda"] != compare.thresholds_for("cpu")
+
+
+@pytest.mark.parametrize("device, gpus, kind", [("cuda:1", 0, "cuda"), ("auto", 1, "cuda"), ("auto", 0, "cpu"),
+                                                ("cpu", 1, "cpu")])
+def test_a_nights_limits_and_pre_flight_follow_the_device_it_resolves_to(device, gpus, kind, monkeypatch):
+    """`--device auto` on a GPU machine is a GPU night: the GPU's limits and the GPU's pre-flight (it was the
+    CPU's limits, and no pre-flight, while only a name starting with "cuda" counted)."""
+    from optbench.job import devices
+
+    monkeypatch.setattr(devices, "cuda_device_count", lambda: gpus)
+    asked = []
+    monkeypatch.setattr(nightly.nvidia, "preflight", lambda mask, run: asked.append(mask) or ([], []))
+    assert devices.device_kind(device) == kind
+    nightly.night_environment(device)
+    assert bool(asked) is (kind == "cuda")
 
 
 def test_every_job_flag_given_to_nightly_reaches_its_sweep():

@@ -10,9 +10,10 @@ import io
 import textwrap
 from typing import Any
 
+from optbench.records import exits
+
 WIDTH = 120
 PRECISION_CHARS = 26  # the longest labels ("int8-blockwise, fp32 embeddings") are clipped in the terminal table
-EXIT_OK = 0
 
 
 def _rows() -> list[dict[str, Any]]:
@@ -105,7 +106,7 @@ def list_command(args: argparse.Namespace) -> int:
         print(render_text(rows))
         print("\n" + hf_coverage())
         print("\n" + optimizers.LIST_NOTES)
-    return EXIT_OK
+    return exits.OK
 
 
 COMMANDS = {"list": list_command}

@@ -13,6 +13,7 @@ from optbench.records import exits, nvidia
 
 def nightly_command(args: argparse.Namespace) -> int:
     from optbench.job import planner
+    from optbench.job.devices import device_kind
     from optbench.report.compare import thresholds_for
     from optbench.workflows import nightly
 
@@ -26,7 +27,7 @@ def nightly_command(args: argparse.Namespace) -> int:
     if missing:
         raise UsageError(f"nightly needs {' and '.join(missing)} (or --print-baseline-key alone)")
     names = tuple(planner.resolve_names(args.optimizers)) if args.optimizers else ()
-    limits = with_overrides(thresholds_for(args.device), args)
+    limits = with_overrides(thresholds_for(device_kind(args.device)), args)
     config = nightly.NightConfig(device=args.device, preset=args.preset, baseline=args.baseline, out=args.out,
                                  thresholds=limits, optimizers=names, job_argv=tuple(job_argv(args)),
                                  strict_env=args.strict_env, accept=args.accept)

@@ -10,8 +10,7 @@ from pathlib import Path
 
 from optbench.cli.options import UsageError, load_records
 from optbench.cli.sweeping import check_inputs
-
-EXIT_OK, EXIT_NOTHING_FITS = 0, 1
+from optbench.records import exits
 
 
 def _load(path: Path) -> list:
@@ -31,7 +30,7 @@ def estimate_command(args: argparse.Namespace) -> int:
     measured = estimate.measured_bytes_per_param(_load(args.results)) if args.results else None
     rows = estimate.estimate(size, measured, args.precision, args.batch_size, args.seq_len, args.device_kind)
     print(estimate.render(rows, size, args.gpus, args.gpu_memory))
-    return EXIT_OK
+    return exits.OK
 
 
 def recommend_command(args: argparse.Namespace) -> int:
@@ -48,7 +47,7 @@ def recommend_command(args: argparse.Namespace) -> int:
     rows = recommend.recommend(size, args.gpu_memory, records, args.precision, args.batch_size, args.seq_len,
                                args.device_kind)
     print(recommend.render(rows, size, args.gpu_memory, args.precision, str(args.results) if args.results else None))
-    return EXIT_OK if any(r.fits for r in rows) else EXIT_NOTHING_FITS
+    return exits.OK if any(r.fits for r in rows) else exits.NOTHING_FITS
 
 
 def explain_command(args: argparse.Namespace) -> int:
@@ -63,7 +62,7 @@ def explain_command(args: argparse.Namespace) -> int:
             print("\n" + sharding.explain(args.optimizer, args.parallel, args.nproc, args.workload, args.model))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    return EXIT_OK
+    return exits.OK
 
 
 def fit_command(args: argparse.Namespace) -> int:
@@ -89,7 +88,7 @@ def fit_command(args: argparse.Namespace) -> int:
                      run=functools.partial(fit.run_probe, sweep=run_sweep), repeats=args.repeats)
     print(fit.render(result))
     print("wrote " + ", ".join(map(str, fit.save(result, args.out))))
-    return EXIT_OK
+    return exits.OK
 
 
 COMMANDS = {"estimate": estimate_command, "recommend": recommend_command,

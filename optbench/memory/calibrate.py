@@ -59,6 +59,7 @@ from optbench.memory.validation import (
     warn_left_out,
 )
 from optbench.optimizers import resolve
+from optbench.records import exits
 from optbench.records.record import MIB, Record, read_records
 
 __all__ = ["CalibrationError", "calibrate", "calibrate_all", "error_band", "main", "measured_peak", "run_validation",
@@ -298,11 +299,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.calibrate_on and not args.held_out:
         print("optbench.memory.calibrate: give --calibrate-on (fit), --held-out (validate) or both", file=sys.stderr)
-        return 2
+        return exits.USAGE
     missing = [str(p) for p in [*args.calibrate_on, *args.held_out] if not p.exists()]
     if missing:
         print(f"optbench.memory.calibrate: no such results file: {', '.join(missing)}", file=sys.stderr)
-        return 2
+        return exits.USAGE
     target = args.calibration_file or user_calibration_path(args.device)
     band, error = None, None
     with warnings.catch_warnings(record=True) as left_out:
@@ -315,12 +316,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"optbench.memory.calibrate: warning: {warning.message}", file=sys.stderr)
     if error is not None:
         print(f"optbench.memory.calibrate: {error}", file=sys.stderr)
-        return 2
+        return exits.USAGE
     print(band.describe() if band else "fitted; no held-out trials given, so no error band yet")
     used = target.resolve() == user_calibration_path(args.device).resolve()
     print(f"wrote {target}" + ("; predictions on this machine read it from now on" if used else
                                f"; predictions read {user_calibration_path(args.device)}: copy it there to use it"))
-    return 0
+    return exits.OK
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from typing import Any
 from optbench.job.devices import device_kind
 from optbench.memory.calibration import ErrorBand
 from optbench.memory.validation import measured_peak, usable
+from optbench.records import exits
 from optbench.records.record import MIB, Record, read_records
 
 REQUIRED_COVERAGE = 0.95
@@ -132,14 +133,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     missing = [str(p) for p in (args.calibration, args.held_out, args.fresh) if not p.is_file()]
     if missing:
         print(f"optbench.memory.coverage: no such results file: {', '.join(missing)}", file=sys.stderr)
-        return 2
+        return exits.USAGE
     try:
         text, found = report(*(read_records(p) for p in (args.calibration, args.held_out, args.fresh)))
     except ValueError as exc:
         print(f"optbench.memory.coverage: {exc}", file=sys.stderr)
-        return 2
+        return exits.USAGE
     print(text, end="")
-    return 0 if found.share >= REQUIRED_COVERAGE else 1
+    return exits.OK if found.share >= REQUIRED_COVERAGE else exits.CHECK_FAILED
 
 
 if __name__ == "__main__":

@@ -296,8 +296,7 @@ def result_from_records(records: Sequence[Record], budget_bytes: int, grow_by: s
     first = records[0]
     job = TrialSpec(optimizer=first.optimizer, workload=first.workload, model=first.model, device=first.device,
                     batch_size=first.batch_size, seq_len=first.seq_len, precision=first.precision)
-    kind = "cuda" if first.device.startswith("cuda") else "cpu"
-    return FitResult(budget_bytes, grow_by, job, kind, growths)
+    return FitResult(budget_bytes, grow_by, job, device_kind(first.device), growths)
 
 
 # -- what it says: the table and the figure ---------------------------------------------------------------

@@ -230,7 +230,7 @@ def changes_markdown(records: Sequence[Any]) -> str:
     compared and which changed, then one line per changed parameter."""
     from tabulate import tabulate
 
-    from optbench.records.record import latest_per_trial
+    from optbench.report.frame import latest_per_trial
 
     rows, notes = [], []
     for record in latest_per_trial(records):

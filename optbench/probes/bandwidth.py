@@ -4,15 +4,22 @@ A ceiling measured inside each trial on a shared machine is noise: per-trial tri
 across one machine's records, and the same fused AdamW kernel read 79-109 % "of the roofline" in four trials.
 `calibrate` runs the trial probe's own kernel (an in-place triad `a += s * b`, triad.triad_bandwidth_samples)
 for many passes after a warm-up round and keeps a high quantile as the ceiling, with the quantiles that show its
-spread. `save` writes it to a per-machine file in the user's cache — `$OPTBENCH_CACHE`, else
-`$XDG_CACHE_HOME/optbench`, else `~/.cache/optbench` — named by the device (CPU model, or GPU name) and torch's
-thread count, since a CPU's reachable bandwidth depends on how many threads stream; `$OPTBENCH_BANDWIDTH_FILE`
-names a file instead. Never inside the installed package.
+spread, at several **working sets**: the probe's own (two operands of twice the last-level cache: memory), and
+halving down to an eighth of the cache. What a step can stream depends on where its data lives: a model whose
+weights, gradients and state fit in a large last-level cache (the 2-core hosts here have had 32 to 480 MiB) steps
+at the cache's speed, and divided by the memory's bandwidth its roofline reads above 100 % (the fused AdamW step
+of MiniLM, 364 MB of data, read 99-115 % against a 2 x 420 MiB triad on a host with a 480 MiB cache). A trial's
+roofline divides by the ceiling of the largest working set calibrated that is no larger than its step's own
+(`level_for`: weights + grads + state): the most the cache could have given it, so the share is never flattered.
+`save` writes it to a per-machine file in the user's cache — `$OPTBENCH_CACHE`, else `$XDG_CACHE_HOME/optbench`,
+else `~/.cache/optbench` — named by the device (CPU model, or GPU name) and torch's thread count, since a CPU's
+reachable bandwidth depends on how many threads stream; `$OPTBENCH_BANDWIDTH_FILE` names a file instead. Never
+inside the installed package.
 
-Every trial stamps the calibration it found (`describe_bandwidth`): the ceiling, its spread and its source, or
-"uncalibrated", and the roofline divides by the ceiling only (none without a calibration). The trial's own short
-probe stays on the record as a check: outside the calibration's 5-95 % range it is flagged as disagreeing (the
-machine was busier, or other, than when it was calibrated).
+Every trial stamps the calibration it found (`describe_bandwidth`): the ceiling its working set divides by, that
+level's spread and working set, and its source, or "uncalibrated", and the roofline divides by the ceiling only
+(none without a calibration). The trial's own short probe stays on the record as a check: outside the memory
+level's 5-95 % range it is flagged as disagreeing (the machine was busier, or other, than when it was calibrated).
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ UNCALIBRATED = "uncalibrated"
 CEILING_QUANTILE = 0.95  # the ceiling: passes a neighbour slowed sit below it, the machine's own best near it
 QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
 ROUNDS, PASSES = 10, 20  # 200 timed passes; each round re-allocates and pages in its buffers, then warms the kernel
+LEVELS = 6  # working sets calibrated: the probe's own, then halving five times (4x down to 1/8 of a CPU's cache)
 
 
 class BandwidthError(ValueError):
@@ -41,8 +49,28 @@ class BandwidthError(ValueError):
 
 
 @dataclass(frozen=True)
+class BandwidthLevel:
+    """The triad's bandwidth at one working set (both operands), over many passes: its ceiling and spread."""
+
+    working_set_bytes: int
+    ceiling_bytes_per_s: float  # the CEILING_QUANTILE of the passes
+    quantiles_bytes_per_s: dict[str, float]  # "0.05" ... "0.95"
+    passes: int
+
+    @property
+    def spread_bytes_per_s(self) -> float:
+        return self.quantiles_bytes_per_s["0.95"] - self.quantiles_bytes_per_s["0.05"]
+
+    @property
+    def steady(self) -> bool:
+        return steady_calibration(self.ceiling_bytes_per_s, self.spread_bytes_per_s)
+
+
+@dataclass(frozen=True)
 class BandwidthCalibration:
-    """One machine's triad bandwidth over many passes: the ceiling a roofline divides by, and its spread."""
+    """One machine's triad bandwidth over many passes: the ceiling a roofline divides by, and its spread. The
+    top-level figures are the memory level's (the working set the trial probe streams); `levels` adds the smaller
+    working sets, largest first (files from before them hold the memory level alone)."""
 
     machine: str  # the key the file is found by: device kind, name, model, threads
     device_name: str
@@ -53,6 +81,20 @@ class BandwidthCalibration:
     buffer_bytes: int  # per operand
     measured_at: str = ""
     env: dict[str, Any] = field(default_factory=dict)  # the environment stamp: commit, load while measuring
+    levels: tuple[BandwidthLevel, ...] = ()
+
+    def level_for(self, working_set_bytes: int | None) -> BandwidthLevel:
+        """The level a step whose data spans `working_set_bytes` divides by: the largest calibrated working set no
+        larger than it (the smallest level, for a step smaller still; the memory level when the size is unknown)."""
+        levels = sorted(self.levels or (self.memory_level,), key=lambda level: level.working_set_bytes)
+        if working_set_bytes is None:
+            return levels[-1]
+        fitting = [level for level in levels if level.working_set_bytes <= working_set_bytes]
+        return fitting[-1] if fitting else levels[0]
+
+    @property
+    def memory_level(self) -> BandwidthLevel:
+        return BandwidthLevel(2 * self.buffer_bytes, self.ceiling_bytes_per_s, self.quantiles_bytes_per_s, self.passes)
 
     @property
     def spread_bytes_per_s(self) -> float:
@@ -61,8 +103,8 @@ class BandwidthCalibration:
 
     @property
     def steady(self) -> bool:
-        """Whether the machine held one speed while it was measured (probes.steady_calibration)."""
-        return steady_calibration(self.ceiling_bytes_per_s, self.spread_bytes_per_s)
+        """Whether the machine held one speed while every level was measured (probes.steady_calibration)."""
+        return all(level.steady for level in (self.levels or (self.memory_level,)))
 
     def disagrees(self, probe_bytes_per_s: float) -> bool:
         """A trial probe's median outside the calibration's 5-95 % range: the machine then was not the machine
@@ -71,12 +113,17 @@ class BandwidthCalibration:
         return not q["0.05"] <= probe_bytes_per_s <= q["0.95"]
 
     def describe(self) -> str:
-        q = self.quantiles_bytes_per_s
-        return (f"{self.machine}: ceiling {self.ceiling_bytes_per_s / 1e9:.1f} GB/s (the {CEILING_QUANTILE:.0%} "
-                f"quantile of {self.passes} triad passes; 5-95 % {q['0.05'] / 1e9:.1f}-{q['0.95'] / 1e9:.1f} GB/s, "
-                f"median {q['0.5'] / 1e9:.1f})" + ("" if self.steady else
-                f"; unsteady: its slowest passes ran at {q['0.05'] / q['0.95']:.0%} of its fastest (a steady machine's "
-                f">= {STEADY_SHARE:.0%}): the machine changed speed while it was measured"))
+        lines = [f"{self.machine}: the {CEILING_QUANTILE:.0%} quantile of the triad's passes per working set "
+                 "(two operands):"]
+        for level in sorted(self.levels or (self.memory_level,), key=lambda lv: -lv.working_set_bytes):
+            q = {key: value / 1e9 for key, value in level.quantiles_bytes_per_s.items()}
+            line = (f"  {level.working_set_bytes / 2**20:8,.0f} MiB: ceiling {level.ceiling_bytes_per_s / 1e9:.1f} "
+                    f"GB/s ({level.passes} passes; 5-95 % {q['0.05']:.1f}-{q['0.95']:.1f} GB/s, median {q['0.5']:.1f})")
+            if not level.steady:
+                line += (f"; unsteady: its slowest passes ran at {q['0.05'] / q['0.95']:.0%} of its fastest (a steady "
+                         f"machine's >= {STEADY_SHARE:.0%}): the machine changed speed while it was measured")
+            lines.append(line)
+        return "\n".join(lines)
 
 
 def cache_dir() -> Path:
@@ -92,25 +139,46 @@ def default_path(machine: str) -> Path:
     return Path(given) if given else cache_dir() / "bandwidth" / f"{machine}.json"
 
 
-def calibrate(device: torch.device, machine: str, device_name: str, env: dict[str, Any], rounds: int = ROUNDS,
-              passes: int = PASSES) -> BandwidthCalibration:
-    """Many triad passes on `device` with torch's current threads, after one untimed round that warms the kernel
-    and the allocator: the ceiling and the quantiles of their spread. `machine`, `device_name` and `env` say what
-    was measured (the caller's environment stamp)."""
+def level_operand_bytes(memory_operand_bytes: int, levels: int = LEVELS) -> list[int]:
+    """The operand sizes calibrated, largest first: the probe's own, then halving `levels - 1` times (on a CPU from
+    twice the last-level cache down to a sixteenth of it, so every working set from deep inside the cache to far
+    past it has a level)."""
+    return [max(1, memory_operand_bytes >> k) for k in range(levels)]
+
+
+def measure_level(device: torch.device, operand_bytes: int, rounds: int, passes: int) -> BandwidthLevel | None:
+    """Many triad passes over two operands of `operand_bytes`, after one untimed round that warms the kernel and
+    the allocator; None where the device has no room for them."""
     import numpy as np
 
-    triad.triad_bandwidth_samples(device, passes)  # warm-up round, discarded
-    rates = [rate for _ in range(rounds) for rate in triad.triad_bandwidth_samples(device, passes)]
+    triad.triad_bandwidth_samples(device, passes, operand_bytes)  # warm-up round, discarded
+    rates = [rate for _ in range(rounds) for rate in triad.triad_bandwidth_samples(device, passes, operand_bytes)]
     if not rates:
-        raise BandwidthError(f"no bandwidth could be measured on {device}: too little free memory for the buffers")
+        return None
     values = np.quantile(rates, [CEILING_QUANTILE, *QUANTILES])
+    return BandwidthLevel(working_set_bytes=2 * operand_bytes, ceiling_bytes_per_s=float(values[0]),
+                          quantiles_bytes_per_s={f"{q:g}": float(v) for q, v in zip(QUANTILES, values[1:],
+                                                                                    strict=True)},
+                          passes=len(rates))
+
+
+def calibrate(device: torch.device, machine: str, device_name: str, env: dict[str, Any], rounds: int = ROUNDS,
+              passes: int = PASSES, levels: int = LEVELS) -> BandwidthCalibration:
+    """Many triad passes on `device` with torch's current threads at each working set (level_operand_bytes): the
+    ceilings and the quantiles of their spread. `machine`, `device_name` and `env` say what was measured (the
+    caller's environment stamp)."""
+    room = triad.cuda_room_bytes(device) if device.type == "cuda" else None
+    memory_operand = triad.bandwidth_buffer_bytes(device, room)
+    measured = [measure_level(device, size, rounds, passes) for size in level_operand_bytes(memory_operand, levels)]
+    found = tuple(level for level in measured if level is not None)
+    if not found or measured[0] is None:
+        raise BandwidthError(f"no bandwidth could be measured on {device}: too little free memory for the buffers")
+    memory = found[0]
     return BandwidthCalibration(
         machine=machine, device_name=device_name, threads=torch.get_num_threads(),
-        ceiling_bytes_per_s=float(values[0]), quantiles_bytes_per_s={f"{q:g}": float(v)
-                                                                     for q, v in zip(QUANTILES, values[1:],
-                                                                                     strict=True)},
-        passes=len(rates), buffer_bytes=triad.bandwidth_buffer_bytes(device),
-        measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), env=env)
+        ceiling_bytes_per_s=memory.ceiling_bytes_per_s, quantiles_bytes_per_s=memory.quantiles_bytes_per_s,
+        passes=memory.passes, buffer_bytes=memory_operand,
+        measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), env=env, levels=found)
 
 
 def save(calibration: BandwidthCalibration, path: Path) -> Path:
@@ -122,10 +190,17 @@ def save(calibration: BandwidthCalibration, path: Path) -> Path:
 def read(path: Path) -> BandwidthCalibration:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-        data["quantiles_bytes_per_s"] = {str(k): float(v) for k, v in data["quantiles_bytes_per_s"].items()}
+        data["quantiles_bytes_per_s"] = _quantiles(data["quantiles_bytes_per_s"])
+        data["levels"] = tuple(BandwidthLevel(**{**level, "quantiles_bytes_per_s":
+                                                 _quantiles(level["quantiles_bytes_per_s"])})
+                               for level in data.get("levels", ()))
         return BandwidthCalibration(**data)
     except (OSError, ValueError, TypeError, KeyError) as exc:
         raise BandwidthError(f"{path}: not a bandwidth calibration ({exc})") from None
+
+
+def _quantiles(raw: dict[str, Any]) -> dict[str, float]:
+    return {str(k): float(v) for k, v in raw.items()}
 
 
 def load_for(machine: str) -> tuple[BandwidthCalibration | None, str]:
@@ -144,14 +219,17 @@ def load_for(machine: str) -> tuple[BandwidthCalibration | None, str]:
 
 
 def describe_bandwidth(record: Any, probe_samples: list[float], calibration: BandwidthCalibration | None,
-                       source: str) -> None:
+                       source: str, working_set_bytes: int | None = None) -> None:
     """The record's bandwidth figures: the trial's own probe (median, IQR), the calibrated ceiling the roofline
-    divides by (with its spread and source, or the reason there is none) and whether the probe disagreed."""
+    divides by — the level of the step's working set (`level_for`), with its spread, working set and source, or
+    the reason there is none — and whether the probe disagreed with the memory level it streams."""
     record.device_bandwidth_bytes_per_s, record.device_bandwidth_iqr_bytes_per_s = measure.median_iqr(probe_samples)
     record.device_bandwidth_source = source
     if calibration is None:
         return
-    record.device_bandwidth_calibrated_bytes_per_s = calibration.ceiling_bytes_per_s
-    record.device_bandwidth_calibrated_spread_bytes_per_s = calibration.spread_bytes_per_s
+    level = calibration.level_for(working_set_bytes)
+    record.device_bandwidth_calibrated_bytes_per_s = level.ceiling_bytes_per_s
+    record.device_bandwidth_calibrated_spread_bytes_per_s = level.spread_bytes_per_s
+    record.device_bandwidth_working_set_bytes = level.working_set_bytes
     if record.device_bandwidth_bytes_per_s is not None:
         record.device_bandwidth_probe_disagrees = calibration.disagrees(record.device_bandwidth_bytes_per_s)

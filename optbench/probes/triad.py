@@ -94,14 +94,16 @@ def warm_up_clocks(device: torch.device, work: Any, warm_up_s: float = CUDA_WARM
     return passes + 1
 
 
-def triad_bandwidth_samples(device: torch.device, samples: int = 5) -> list[float]:
+def triad_bandwidth_samples(device: torch.device, samples: int = 5, operand_bytes: int | None = None) -> list[float]:
     """The device's memory bandwidth as an in-place kernel shaped like an optimizer step sees it: `a += s * b` over
-    two fp32 buffers that dwarf the caches, bytes counted as the step's are (every byte read once, every byte
-    written once: 3 x the operand size; in place, so no write-allocate traffic goes uncounted), one sample per
-    pass after one untimed pass, with torch's current thread count. CUDA passes are timed with events; no samples
-    where the memory left is too small for a meaningful buffer."""
-    nbytes = bandwidth_buffer_bytes(device, cuda_room_bytes(device) if device.type == "cuda" else None)
-    if device.type == "cuda" and nbytes < MIN_CUDA_BANDWIDTH_OPERAND_BYTES:
+    two fp32 buffers of `operand_bytes` each (default: ones that dwarf the caches, bandwidth_buffer_bytes), bytes
+    counted as the step's are (every byte read once, every byte written once: 3 x the operand size; in place, so no
+    write-allocate traffic goes uncounted), one sample per pass after one untimed pass, with torch's current thread
+    count. CUDA passes are timed with events; no samples where the memory left is too small for a meaningful
+    buffer."""
+    room = cuda_room_bytes(device) if device.type == "cuda" else None
+    nbytes = bandwidth_buffer_bytes(device, room) if operand_bytes is None else operand_bytes
+    if device.type == "cuda" and (nbytes < MIN_CUDA_BANDWIDTH_OPERAND_BYTES or 4 * nbytes > (room or 0)):
         return []
     a = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
     b = torch.full_like(a, 1e-3)

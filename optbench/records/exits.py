@@ -12,6 +12,7 @@ import signal
 OK = 0
 REGRESSION = 1  # compare / nightly found a regression; recommend: nothing fits the budget
 NOTHING_FITS = REGRESSION
+CHECK_FAILED = REGRESSION  # a check found what it guards against: coverage under 95 %, a stale tuned-lr table
 USAGE = 2  # bad input or set-up: one line on stderr, never a traceback
 TRIAL_FAILED = 3  # a trial ended `error` or `timeout` (`--allow-errors`: 0)
 WRITE_FAILED = 4  # the results file stopped taking records (disk full, read-only): what was written stays
@@ -19,7 +20,8 @@ INTERRUPTED = 128 + signal.SIGINT  # 130: Ctrl-C, after the trials finished so f
 TERMINATED = 128 + signal.SIGTERM  # 143: SIGTERM (a scheduler's or CI's cancel), likewise
 
 TABLE = {OK: "ok (oom, diverged and skipped trials are results)",
-         REGRESSION: "a regression (compare, nightly) or nothing fits (recommend)",
+         REGRESSION: "a regression (compare, nightly), nothing fits (recommend), or a check failed (the predictor's "
+                     "coverage under 95 %, a tuned-lr table out of date)",
          USAGE: "usage or set-up error (one line on stderr)",
          TRIAL_FAILED: "a trial ended error or timeout (--allow-errors: 0)",
          WRITE_FAILED: "the results file could not be written (disk full, read-only); rerun to resume",

@@ -18,7 +18,6 @@ import json
 import math
 import os
 import warnings
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -167,6 +166,9 @@ class Record:
     # spread, and where it came from: the calibration file, or "uncalibrated: <why>". None: a record from before.
     device_bandwidth_calibrated_bytes_per_s: float | None = None
     device_bandwidth_calibrated_spread_bytes_per_s: float | None = None
+    # the working set (both triad operands) of the calibrated level the ceiling is from: the largest no larger than
+    # the step's weights + grads + state; None: a record from before levels (the memory level's ceiling)
+    device_bandwidth_working_set_bytes: int | None = None
     device_bandwidth_source: str | None = None
     device_bandwidth_probe_disagrees: bool | None = None  # the trial probe fell outside the calibration's 5-95 %
     # traffic / optimizer-step median / the calibrated ceiling (None uncalibrated). Records from before the
@@ -369,15 +371,6 @@ def read_records(path: Path) -> list[Record]:
         warnings.warn(f"{path}: skipping {len(bad)} unreadable line(s): {', '.join(map(str, bad))} "
                       "(torn or corrupted writes)", stacklevel=2)
     return records
-
-
-def latest_per_trial(records: Iterable[Record]) -> list[Record]:
-    """Each trial once, as its latest record says (a rerun of a failed trial appends, the file keeps both): in the
-    order the trials first appear. Every table reads a file this way; the file itself keeps every attempt."""
-    latest: dict[str, Record] = {}
-    for record in records:
-        latest[record.trial_id] = record  # a key seen before keeps its place and takes the newer record
-    return list(latest.values())
 
 
 def completed_trial_ids(path: Path) -> set[str]:

@@ -17,6 +17,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from optbench.records import exits
 from optbench.records.record import read_records
 from optbench.report import compare
 
@@ -104,9 +105,9 @@ def summary_markdown(root: Path) -> str:
 def main(argv: list[str]) -> int:
     if len(argv) != 1 or not Path(argv[0]).is_dir():
         print("usage: python -m optbench.report.campaign FOLDER (a scripts/gate-campaign output)", file=sys.stderr)
-        return 2
+        return exits.USAGE
     print(summary_markdown(Path(argv[0])))
-    return 0
+    return exits.OK
 
 
 if __name__ == "__main__":

@@ -206,9 +206,10 @@ def _ok_trials(frame: pd.DataFrame) -> dict[Pair, pd.DataFrame]:
     return {(job, optimizer): group for (job, optimizer), group in ok.groupby(["job_id", "optimizer"], sort=False)}
 
 
-def thresholds_for(device: str) -> Thresholds:
-    """The calibrated thresholds of a device name (cpu, cuda, cuda:N): CUDA's for a GPU, else the CPU's."""
-    return DEFAULT_THRESHOLDS["cuda" if str(device).startswith("cuda") else "cpu"]
+def thresholds_for(kind: str) -> Thresholds:
+    """The calibrated thresholds of a device kind (`cuda` or `cpu`: job.devices.device_kind of a device name, so that
+    `auto` on a GPU machine gets the GPU's)."""
+    return DEFAULT_THRESHOLDS[kind]
 
 
 def calibrated_thresholds(base: Sequence[Record], new: Sequence[Record]) -> Thresholds:

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from optbench.records.record import REFERENCE_OPTIMIZER, Record, job_key, latest_per_trial, split_peak_memory
+from optbench.records.record import REFERENCE_OPTIMIZER, Record, job_key, split_peak_memory
 from optbench.report import bounds, metrics, stats, tuning
 from optbench.report.metrics import MEAN, MEDIAN_INF, MEMORY_HEADLINE, SPEED_HEADLINE, TEXT, Metric, record_values
 
@@ -73,6 +73,15 @@ def _row(record: Record) -> dict[str, Any]:
     row["untrained"] = copy.status == "ok" and bounds.untrained(row["eval_target"], copy.metric_chance,
                                                                  copy.target_mode)
     return row
+
+
+def latest_per_trial(records: Iterable[Record]) -> list[Record]:
+    """Each trial once, as its latest record says (a rerun of a failed trial appends, the file keeps both): in the
+    order the trials first appear. Every table reads a file this way; the file itself keeps every attempt."""
+    latest: dict[str, Record] = {}
+    for record in records:
+        latest[record.trial_id] = record  # a key seen before keeps its place and takes the newer record
+    return list(latest.values())
 
 
 def trials_frame(records: Iterable[Record]) -> pd.DataFrame:

@@ -189,6 +189,9 @@ METRICS: tuple[Metric, ...] = (
            invalid_text="calib. fail"),
     Metric("bandwidth_gb_s", "bandwidth GB/s", "GB/s", 1, None,
            _scaled("device_bandwidth_calibrated_bytes_per_s", 1e-9)),  # the calibrated ceiling
+    # the working set that ceiling was calibrated at: the largest no larger than the step's weights + grads + state
+    Metric("bw_working_set_mib", "bw working set MiB", "MiB", 0, None,
+           _scaled("device_bandwidth_working_set_bytes", 1 / MIB)),
     Metric("bw_ceiling", "bw ceiling", "", 0, None, _ceiling, aggregate=TEXT),
     Metric("probe_gb_s", "probe GB/s", "GB/s", 1, None, _scaled("device_bandwidth_bytes_per_s", 1e-9)),  # a check
     Metric("eval_target", "eval {metric}", "", 4, TARGET, eval_target, QUALITY, compact=True, scored=True),

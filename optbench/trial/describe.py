@@ -100,13 +100,19 @@ def describe_final_loss(record: Record) -> None:
     record.train_loss_final = sum(tail) / len(tail) if tail else None
 
 
+def step_working_set_bytes(record: Record) -> int | None:
+    """What an optimizer step streams through: the weights, the gradients and the state (None where one is unknown)."""
+    parts = (record.weights_bytes, record.grads_bytes, record.state_bytes)
+    return None if None in parts else sum(parts)  # type: ignore[arg-type]
+
+
 def describe_bandwidth(record: Record, samples: list[float], calibration: BandwidthCalibration | None,
                        source: str) -> None:
     """The bandwidth figures (the trial's own triad samples taken around training, the machine's calibrated ceiling
     and where it came from: optbench/probes/bandwidth.py) and the roofline share: the optimizer step's analytic
-    traffic over its median time, against the calibrated ceiling only (none without a calibration: a ceiling
-    sampled during one trial on a shared machine is noise)."""
-    bandwidth.describe_bandwidth(record, samples, calibration, source)
+    traffic over its median time, against the calibrated ceiling of the step's working set only (none without a
+    calibration: a ceiling sampled during one trial on a shared machine is noise)."""
+    bandwidth.describe_bandwidth(record, samples, calibration, source, step_working_set_bytes(record))
     ceiling = record.device_bandwidth_calibrated_bytes_per_s
     if record.optimizer_step_median_s and ceiling and record.optimizer_step_traffic_bytes:
         record.roofline_fraction = record.optimizer_step_traffic_bytes / record.optimizer_step_median_s / ceiling

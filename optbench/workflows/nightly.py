@@ -31,6 +31,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from optbench.job.devices import device_kind
 from optbench.records import exits, nvidia
 from optbench.records.benchjson import read_benchmark_records
 from optbench.records.record import FAILURES, read_records
@@ -129,7 +130,7 @@ def night_environment(device: str, run: nvidia.Runner | None = None) -> dict:
     from optbench.records.environment import environment
 
     env = environment(torch.device("cpu"))  # libraries, CPU, commit: no CUDA asked
-    if not device.startswith("cuda"):
+    if device_kind(device) != "cuda":  # `auto` on a GPU machine is pre-flighted too
         return env
     stamps, busy = nvidia.preflight(os.environ.get("CUDA_VISIBLE_DEVICES"), run)
     if busy:

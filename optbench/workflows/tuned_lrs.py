@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from optbench.job import tuned
+from optbench.records import exits
 from optbench.records.record import read_records
 from optbench.report.frame import trials_frame
 
@@ -59,17 +60,17 @@ def main(argv: list[str]) -> int:
     if missing or not studies:
         print(f"tuned-lrs: no study file{'s' if len(missing) != 1 else ''} {', '.join(missing)}"
               if missing else "tuned-lrs: name the study files to build the table from", file=sys.stderr)
-        return 2
+        return exits.USAGE
     text = table_text(studies)
     if check:
         same = tuned.TABLE.is_file() and tuned.TABLE.read_text(encoding="utf-8") == text
         if not same:
             print(f"tuned-lrs: {tuned.TABLE} differs from what its sources give", file=sys.stderr)
-        return 0 if same else 1
+        return exits.OK if same else exits.CHECK_FAILED
     tuned.TABLE.write_text(text, encoding="utf-8")
     print(f"tuned-lrs: wrote {tuned.TABLE} from {len(studies)} stud{'y' if len(studies) == 1 else 'ies'}",
           file=sys.stderr)
-    return 0
+    return exits.OK
 
 
 if __name__ == "__main__":

@@ -131,7 +131,7 @@ def per_rank_markdown(records: list[Record]) -> str:
     weights + grads + state next to a ddp rank's of the same optimizer (the figure sharding is for)."""
     from tabulate import tabulate
 
-    from optbench.records.record import latest_per_trial
+    from optbench.report.frame import latest_per_trial
     from optbench.report.metrics import sharding_cell
 
     records = latest_per_trial(records)
