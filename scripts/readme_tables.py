@@ -475,8 +475,8 @@ TABLES: dict[str, Callable[[], str]] = {
         "opt step ms", "eval accuracy", DELTA, "mem saved % vs adamw", "speed x vs adamw"))),
     "registry": lambda: render_table(Table(("registry.jsonl",), (
         "optimizer", "state precision", "state MiB", "state B/param", "fp32 state %", "train mem MiB", "step ms",
-        "opt step ms", "impl", "roofline %", "bandwidth GB/s", "bw ceiling", "probe GB/s", "first step s",
-        "eval accuracy"), optional=ROOFLINE)),
+        "opt step ms", "impl", "roofline %", "bandwidth GB/s", "bw working set MiB", "bw ceiling", "probe GB/s",
+        "first step s"), optional=(*ROOFLINE, "bw working set MiB"))),
     "smoke-all": lambda: render_table(Table(("smoke-all.jsonl",), (
         "optimizer", "state precision", "status", "state MiB", "state B/param", "= analytic", "fp32 state %",
         "first step s", "opt step ms", "ckpt MiB", "ckpt save s", "ckpt load s", "resume", "resume max Δparam"))),
@@ -484,7 +484,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "resume-trainer": lambda: render_table(Table(("resume-trainer.jsonl",), RESUME_COLUMNS)),
     "lm": lambda: render_table(Table(("lm.jsonl",), (
         "optimizer", "state MiB", "state B/param", "fp32 state %", "eval perplexity", "floor",
-        "perplexity Δ vs adamw (95% CI)", "step ms", "opt step ms", "roofline %", "bw ceiling"), optional=ROOFLINE)),
+        "perplexity Δ vs adamw (95% CI)", "step ms", "opt step ms", "roofline %", "bw working set MiB", "bw ceiling"),
+        optional=(*ROOFLINE, "bw working set MiB"))),
     "precision": lambda: side_by_side("precision.jsonl"),
     "engines": lambda: side_by_side("engines/native.jsonl", "engines/trainer.jsonl", "engines/accelerate.jsonl"),
     "parallel": lambda: per_rank("parallel/ddp.jsonl", "parallel/zero1.jsonl", "parallel/fsdp2.jsonl"),

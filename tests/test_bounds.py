@@ -105,6 +105,20 @@ def test_a_smoke_table_says_untrained_instead_of_a_number():
     assert "0.345" not in terminal and "0.352" not in terminal and "untrained" in terminal
 
 
+def test_an_untrained_candidate_against_a_reference_that_learned_is_worse_without_a_figure():
+    """The positive control's shape: SGD left at chance, AdamW at 0.87, six seeds. No number for the arm at chance,
+    but the verdict stands: it is worse. A reference at chance makes every comparison say `untrained` alone."""
+    records = [_record(name, seed, value + 0.002 * seed, curve=[]) for seed in range(6)
+               for name, value in (("adamw", 0.87), ("sgd_momentum", 0.345))]
+    table = display_tables(summarize(trials_frame(records)))[0][1].set_index("optimizer")
+    assert table.loc["sgd_momentum", "eval accuracy"] == "untrained"
+    assert table.loc["sgd_momentum", "accuracy Δ vs adamw (95% CI)"] == "untrained: worse by at least 1 pt"
+    flipped = [_record(name, seed, value + 0.002 * seed, curve=[]) for seed in range(6)
+               for name, value in (("adamw", 0.345), ("sgd_momentum", 0.87))]
+    table = display_tables(summarize(trials_frame(flipped)))[0][1].set_index("optimizer")
+    assert table.loc["sgd_momentum", "accuracy Δ vs adamw (95% CI)"] == "untrained"
+
+
 def test_some_untrained_seeds_are_counted_beside_the_mean():
     records = [_record("adamw", seed, value) for seed, value in enumerate((0.35, 0.70, 0.72))]
     table = display_tables(summarize(trials_frame(records)))[0][1]

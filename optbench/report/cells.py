@@ -77,8 +77,9 @@ def verdict_phrase(row: pd.Series) -> str:
 
 
 def delta_cell(row: pd.Series, words: bool = True) -> str:
-    if row.get("delta_untrained") is True:
-        return UNTRAINED
+    if row.get("delta_untrained") is True:  # no figure; the verdict where it stands (an untrained candidate: worse)
+        said = verdict_phrase(row) if words else ""
+        return f"{UNTRAINED}: {said}" if said else UNTRAINED
     value = row.get("delta_vs_adamw")
     if not present(value):
         return ""

@@ -299,11 +299,16 @@ def _fully_untrained(row: pd.Series) -> bool:
 def _add_verdict(summary: pd.DataFrame, index: Any, found: stats.Verdict | None, trials: pd.DataFrame,
                  pair: tuple[pd.Series, pd.Series]) -> None:
     """The paired difference, its verdict (saturated where bounds.saturation says so) and the minimum detectable
-    difference; a pair where either arm did not train gets no figure, only `untrained`."""
+    difference; a pair where either arm did not train gets no figure, only `untrained` — with the verdict *worse*
+    where the candidate alone did not train and the reference did (a job at chance is worse than one that learned,
+    which is a finding; its size is not)."""
     if found is None:
         return
     if any(_fully_untrained(row) for row in pair):
         summary.loc[index, "delta_untrained"] = True
+        candidate, reference = (_fully_untrained(row) for row in pair)
+        if candidate and not reference and found.word == stats.WORSE:
+            summary.loc[index, ["verdict_vs_adamw", "verdict_word_vs_adamw"]] = (found.text, found.word)
         return
     row = pair[0]
     mode, scale, margin = str(row["target_mode"]), str(summary.at[index, "target_scale"]), found.margin
