@@ -125,3 +125,28 @@ def test_every_command_of_the_cli_has_its_bad_inputs_in_the_table():
     from optbench.cli.main import COMMANDS
 
     assert {argv[0] for argv, _ in CASES} == set(COMMANDS)
+
+
+@pytest.mark.parametrize("missing, said", [("torch", "torch is not installed"),
+                                           ("transformers.models", "transformers is")])
+def test_a_required_library_missing_is_one_line_exit_2_not_a_traceback(monkeypatch, capfd, missing, said):
+    from optbench.cli import main as cli_main
+
+    def fails(args):
+        raise ModuleNotFoundError(f"No module named '{missing}'", name=missing)
+
+    monkeypatch.setitem(cli_main.COMMANDS, "list", fails)
+    assert main(["list"]) == 2
+    err = capfd.readouterr().err
+    assert said in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_an_optional_library_missing_inside_a_command_is_not_hidden_as_a_set_up_error(monkeypatch):
+    from optbench.cli import main as cli_main
+
+    def fails(args):
+        raise ModuleNotFoundError("No module named 'torchao'", name="torchao")
+
+    monkeypatch.setitem(cli_main.COMMANDS, "list", fails)
+    with pytest.raises(ModuleNotFoundError):
+        main(["list"])

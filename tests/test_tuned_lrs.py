@@ -26,11 +26,11 @@ def _study_file(path):
     return path
 
 
-def _append(path, spec, value):
+def _append(path, spec, value, chance=None):
     from optbench.trial.settings import settings_record
 
     record = settings_record(spec)
-    record.status, record.val_rows, record.val_metric = "ok", 400, value
+    record.status, record.val_rows, record.val_metric, record.metric_chance = "ok", 400, value, chance
     record.val_metrics = {"accuracy": value}
     record.eval_metrics, record.eval_accuracy = {"accuracy": value}, value
     append_record(path, record)
@@ -52,6 +52,15 @@ def test_the_table_is_generated_from_the_studys_finals(table):
     assert {e["optimizer"]: e["lr"] for e in data["entries"]} == CHOSEN
     assert all(e["source"] == "study.jsonl" and e["job"]["steps"] == 6 for e in data["entries"])
     assert tuned_lrs.table_text([table.parent / "study.jsonl"], root=table.parent) == table.read_text()
+
+
+def test_an_optimizer_whose_finals_all_ended_at_chance_gets_no_tuned_lr(tmp_path):
+    """The positive control's SGD: the study chose its best lr, and at it SGD did not train."""
+    study = _study_file(tmp_path / "study.jsonl")
+    for seed, stage in ((0, "tune"), (1, "final")):
+        _append(study, TrialSpec(optimizer="sgd_momentum", lr=1e-3, seed=seed, stage=stage, **JOB), 0.345, 0.34)
+    entries = json.loads(tuned_lrs.table_text([study], root=tmp_path))["entries"]
+    assert {e["optimizer"] for e in entries} == set(CHOSEN)
 
 
 def test_a_matching_job_runs_at_the_tuned_lr_and_any_other_at_the_registry_default(table):

@@ -25,6 +25,13 @@ COMMANDS = {"run": run.run_command, "study": study.study_command, "report": repo
             "calibrate-bandwidth": bandwidth.calibrate_bandwidth_command, **listing.COMMANDS, **sizing.COMMANDS}
 
 
+# The libraries every measuring command needs (pyproject's dependencies): missing, they are a set-up error, said in
+# one line; a missing optional library is the registry's business (its entries are unavailable, with the reason).
+REQUIRED = {"torch": "torch==2.13.0 (the CPU build; on a GPU machine your CUDA build)", "transformers": "transformers",
+            "datasets": "datasets", "accelerate": "accelerate", "pandas": "pandas", "scipy": "scipy",
+            "matplotlib": "matplotlib", "tabulate": "tabulate", "tqdm": "tqdm", "numpy": "numpy"}
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM (a scheduler's or CI's cancel, `timeout`), taken down the same path as Ctrl-C: the running
     trial's process group is killed, what was recorded stays, and the exit status says which signal."""
@@ -60,6 +67,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"optbench: {'terminated' if terminated else 'interrupted'}: {recorded} trials recorded, rerun the "
               "same command to resume", file=sys.stderr)
         return exits.TERMINATED if terminated else exits.INTERRUPTED
+    except ModuleNotFoundError as exc:
+        package = (exc.name or "").partition(".")[0]
+        if package not in REQUIRED:
+            raise
+        print(f"optbench: error: {package} is not installed in this Python ({sys.executable}): "
+              f"pip install {REQUIRED[package]}, or `pip install -e .` from a checkout", file=sys.stderr)
+        return exits.USAGE
     except ResultsWriteError as exc:  # the results file stopped taking records (disk full, ...)
         print(f"optbench: error: {exc.strerror or exc}; free space or pick another --out, then rerun to resume",
               file=sys.stderr)

@@ -25,13 +25,17 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def entries(study: Path, source: str) -> list[dict[str, Any]]:
-    """One entry per (job, optimizer) the study finished: the lr its final trials ran at."""
+    """One entry per (job, optimizer) the study finished: the lr its final trials ran at. An optimizer whose finals
+    all ended at chance (report/bounds.py) gets none: the study found no lr that trains it on that job, and `run`
+    then says it runs at the registry's untuned default rather than at a "tuned" lr that did not train."""
     frame = trials_frame(read_records(study))
     if frame.empty or "stage" not in frame:
         return []
     finals = frame[frame["final"] & (frame["status"] == "ok") & frame["stage"].notna()]
     found = []
     for (_, optimizer), group in finals.groupby(["job_id", "optimizer"], sort=False):
+        if group["untrained"].all():
+            continue
         job = {name: group["job_key"].iloc[0].get(name) for name in tuned.LR_KEY_FIELDS}
         found.append({"job": job, "optimizer": str(optimizer), "lr": float(group["lr"].iloc[-1]), "source": source})
     return found
