@@ -17,11 +17,12 @@ import torch
 
 from optbench.job.spec import PRESETS, TrialSpec
 from optbench.optimizers import OptimizerSpec
-from optbench.probes import measure, triad
+from optbench.probes import bandwidth, measure
+from optbench.records.environment import machine_key
 from optbench.records.record import Record
 from optbench.trial.describe import describe_model, describe_state
 from optbench.trial.engines.loop import warm_up
-from optbench.trial.run import BANDWIDTH_SAMPLES, device_name, setup
+from optbench.trial.run import bandwidth_probe, device_name, setup
 from optbench.trial.settings import settings_record
 from optbench.workloads import train_batches
 from optbench.workloads.base import take, to_device
@@ -143,10 +144,17 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: 
     measure.synchronize(device)
 
 
+def trial_probe(s: Any, device: torch.device) -> list[float]:
+    """The trial's own bandwidth probe (trial/run.bandwidth_probe): the same calibration, the same working set."""
+    record = settings_record(s.spec)
+    describe_model(record, s.model, s.entry)
+    return bandwidth_probe(s, record, bandwidth.load_for(machine_key(device))[0])
+
+
 # What a trial does between its setup and its first timed step, in its order: the bandwidth probe (large buffers
 # allocated, freed, the heap trimmed), one warm-up forward/backward, the memory window's collection and heap trim.
 HARNESS_PREAMBLE: dict[str, Callable[[Any, torch.device], object]] = {
-    "bandwidth probe": lambda s, device: triad.triad_bandwidth_samples(device, BANDWIDTH_SAMPLES),
+    "bandwidth probe": lambda s, device: trial_probe(s, device),
     "warm-up pass": lambda s, device: warm_up(s),
     "heap trim": lambda s, device: measure.release_freed_memory(),
 }

@@ -67,12 +67,14 @@ def test_the_roofline_divides_by_the_level_of_the_steps_working_set_and_says_whi
     record = Record(optimizer_step_traffic_bytes=636 * 10**6, weights_bytes=91 * 10**6, grads_bytes=91 * 10**6,
                     state_bytes=182 * 10**6)
     measure.describe_speed(record, [0.5] * 3, [0.017] * 3)
-    describe.describe_bandwidth(record, [3e10] * 3, _levelled(), "file.json")
+    describe.describe_bandwidth(record, [8.5e10] * 3, _levelled(), "file.json")
     assert record.device_bandwidth_working_set_bytes == 256 * 2**20  # 364 MB: the 256 MiB level
     assert record.roofline_fraction == pytest.approx(636e6 / 0.017 / 9e10)  # 41 %, not 125 % of the memory's
     values = metrics.record_values(record)
     assert values["bandwidth_gb_s"] == pytest.approx(90) and values["bw_working_set_mib"] == pytest.approx(256)
-    assert record.device_bandwidth_probe_disagrees is False  # the probe is checked against the memory level
+    assert record.device_bandwidth_probe_disagrees is False  # checked against the level it streamed, 81-90 GB/s
+    describe.describe_bandwidth(record, [3e10] * 3, _levelled(), "file.json")
+    assert record.device_bandwidth_probe_disagrees is True  # the memory's speed: not the machine calibrated
 
 
 def test_a_calibration_file_from_before_levels_reads_as_its_memory_level(tmp_path):
@@ -195,3 +197,27 @@ def test_no_committed_roofline_above_one_is_reported_as_a_share():
             summary = summarize(trials_frame(records))
             assert (summary["roofline_pct"].dropna() <= 100).all(), path
             assert summary["roofline_pct_invalid"].fillna(0).sum() == len(above), path
+
+
+def test_a_trials_probe_streams_its_steps_working_set_not_twice_the_cache(monkeypatch):
+    """Calibrated: the level the roofline divides by. Uncalibrated: half the step's working set per operand, between
+    1 MiB and the memory level's operands (on a host with a 480 MiB cache that level was 1.9 GB a call)."""
+    monkeypatch.setattr(triad, "last_level_cache_bytes", lambda: 480 * 2**20)
+    assert bandwidth.probe_operand_bytes(CPU, 364 * 2**20, _levelled()) == 128 * 2**20  # the 256 MiB level
+    assert bandwidth.probe_operand_bytes(CPU, 364 * 2**20, None) == 182 * 2**20
+    assert bandwidth.probe_operand_bytes(CPU, 10_000, None) == 2**20
+    assert bandwidth.probe_operand_bytes(CPU, 10 * 2**30, None) == 960 * 2**20
+    assert bandwidth.probe_operand_bytes(CPU, None, None) == 960 * 2**20
+
+
+def test_a_trial_probes_its_working_set_and_records_it():
+    from optbench.job.spec import TrialSpec
+    from optbench.trial.run import run_trial
+
+    spec = TrialSpec(optimizer="adamw", workload="tiny", device="cpu", steps=3, warmup_steps=1, batch_size=2,
+                     seq_len=8, eval_size=4)
+    record = run_trial(spec)
+    assert record.status == "ok", record.error
+    working_set = record.weights_bytes + record.grads_bytes + record.state_bytes
+    assert record.device_bandwidth_probe_working_set_bytes == 2 * max(2**20, working_set // 2)
+    assert record.device_bandwidth_bytes_per_s > 0

@@ -130,9 +130,9 @@ def test_a_librarys_own_warning_during_a_trial_is_shown_once_and_not_kept_on_the
 
     samples = triad.triad_bandwidth_samples
 
-    def warning_triad(device, count):
+    def warning_triad(device, count, *operand):
         warnings.warn("a library's notice", UserWarning, stacklevel=2)
-        return samples(device, count)
+        return samples(device, count, *operand)
 
     monkeypatch.setattr(triad, "triad_bandwidth_samples", warning_triad)
     with pytest.warns(UserWarning, match="a library's notice") as shown:

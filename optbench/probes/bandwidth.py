@@ -18,8 +18,9 @@ inside the installed package.
 
 Every trial stamps the calibration it found (`describe_bandwidth`): the ceiling its working set divides by, that
 level's spread and working set, and its source, or "uncalibrated", and the roofline divides by the ceiling only
-(none without a calibration). The trial's own short probe stays on the record as a check: outside the memory
-level's 5-95 % range it is flagged as disagreeing (the machine was busier, or other, than when it was calibrated).
+(none without a calibration). The trial's own short probe streams the same level (`probe_operand_bytes`; without
+a calibration, a buffer of the step's own size) and stays on the record as a check: outside that level's 5-95 %
+range it is flagged as disagreeing (the machine was busier, or other, than when it was calibrated).
 """
 
 from __future__ import annotations
@@ -65,6 +66,12 @@ class BandwidthLevel:
     def steady(self) -> bool:
         return steady_calibration(self.ceiling_bytes_per_s, self.spread_bytes_per_s)
 
+    def disagrees(self, probe_bytes_per_s: float) -> bool:
+        """A trial probe's median outside this level's 5-95 % range: the machine then was not the machine
+        calibrated (busier, other threads, another device)."""
+        q = self.quantiles_bytes_per_s
+        return not q["0.05"] <= probe_bytes_per_s <= q["0.95"]
+
 
 @dataclass(frozen=True)
 class BandwidthCalibration:
@@ -105,12 +112,6 @@ class BandwidthCalibration:
     def steady(self) -> bool:
         """Whether the machine held one speed while every level was measured (probes.steady_calibration)."""
         return all(level.steady for level in (self.levels or (self.memory_level,)))
-
-    def disagrees(self, probe_bytes_per_s: float) -> bool:
-        """A trial probe's median outside the calibration's 5-95 % range: the machine then was not the machine
-        calibrated (busier, other threads, another device)."""
-        q = self.quantiles_bytes_per_s
-        return not q["0.05"] <= probe_bytes_per_s <= q["0.95"]
 
     def describe(self) -> str:
         lines = [f"{self.machine}: the {CEILING_QUANTILE:.0%} quantile of the triad's passes per working set "
@@ -181,6 +182,25 @@ def calibrate(device: torch.device, machine: str, device_name: str, env: dict[st
         measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), env=env, levels=found)
 
 
+MIN_PROBE_OPERAND_BYTES = 2**20  # a trial probe's operands at least (a tiny model's working set sits in L2)
+
+
+def probe_operand_bytes(device: torch.device, working_set_bytes: int | None,
+                        calibration: BandwidthCalibration | None) -> int:
+    """The operand size a trial's own probe streams: the calibrated level its step divides by (`level_for`), so the
+    probe checks the ceiling its roofline uses; uncalibrated, half the step's working set, between 1 MiB (16 MiB on
+    CUDA) and the memory level's operands. A step's data, not 2x the cache: on a host with a 480 MiB cache the
+    memory-level probe allocated 1.9 GB and took 1.8 s a call on one thread, twice per trial."""
+    floor = triad.MIN_CUDA_BANDWIDTH_OPERAND_BYTES if device.type == "cuda" else MIN_PROBE_OPERAND_BYTES
+    if calibration is not None:
+        return max(floor, calibration.level_for(working_set_bytes).working_set_bytes // 2)
+    room = triad.cuda_room_bytes(device) if device.type == "cuda" else None
+    memory = triad.bandwidth_buffer_bytes(device, room)
+    if working_set_bytes is None:
+        return memory
+    return max(min(floor, memory), min(memory, working_set_bytes // 2))
+
+
 def save(calibration: BandwidthCalibration, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(asdict(calibration), indent=1) + "\n", encoding="utf-8")
@@ -222,7 +242,7 @@ def describe_bandwidth(record: Any, probe_samples: list[float], calibration: Ban
                        source: str, working_set_bytes: int | None = None) -> None:
     """The record's bandwidth figures: the trial's own probe (median, IQR), the calibrated ceiling the roofline
     divides by — the level of the step's working set (`level_for`), with its spread, working set and source, or
-    the reason there is none — and whether the probe disagreed with the memory level it streams."""
+    the reason there is none — and whether the probe (which streams that level: probe_operand_bytes) disagreed."""
     record.device_bandwidth_bytes_per_s, record.device_bandwidth_iqr_bytes_per_s = measure.median_iqr(probe_samples)
     record.device_bandwidth_source = source
     if calibration is None:
@@ -232,4 +252,4 @@ def describe_bandwidth(record: Any, probe_samples: list[float], calibration: Ban
     record.device_bandwidth_calibrated_spread_bytes_per_s = level.spread_bytes_per_s
     record.device_bandwidth_working_set_bytes = level.working_set_bytes
     if record.device_bandwidth_bytes_per_s is not None:
-        record.device_bandwidth_probe_disagrees = calibration.disagrees(record.device_bandwidth_bytes_per_s)
+        record.device_bandwidth_probe_disagrees = level.disagrees(record.device_bandwidth_bytes_per_s)

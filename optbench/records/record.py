@@ -156,9 +156,9 @@ class Record:
     fp32_state_fraction: float | None = None  # share of parameters whose state stays full precision
     optimizer_impl: str | None = None  # fused | foreach | per-tensor loop | per-parameter[, host-synced] | None
     optimizer_step_traffic_bytes: int | None = None  # bytes one step must read + write (analytic)
-    # The device's memory bandwidth as an in-place triad kernel sees it (a += s * b over buffers far larger than
-    # the last-level cache, bytes counted as the step's are). The trial's own short probe, sampled before and after
-    # training, is a check only: on a shared machine it is noise (optbench/probes/bandwidth.py).
+    # The device's memory bandwidth as an in-place triad kernel sees it (a += s * b, bytes counted as the step's
+    # are). The trial's own short probe, sampled before and after training over its step's working set (before
+    # levels: buffers far larger than the last-level cache), is a check only (optbench/probes/bandwidth.py).
     device_bandwidth_bytes_per_s: float | None = None  # the trial probe's median
     device_bandwidth_iqr_bytes_per_s: float | None = None
     device_copy_bandwidth_bytes_per_s: float | None = None  # schema 1's ceiling (one copy_): read, never written
@@ -169,6 +169,7 @@ class Record:
     # the working set (both triad operands) of the calibrated level the ceiling is from: the largest no larger than
     # the step's weights + grads + state; None: a record from before levels (the memory level's ceiling)
     device_bandwidth_working_set_bytes: int | None = None
+    device_bandwidth_probe_working_set_bytes: int | None = None  # what the trial's own probe streamed (both operands)
     device_bandwidth_source: str | None = None
     device_bandwidth_probe_disagrees: bool | None = None  # the trial probe fell outside the calibration's 5-95 %
     # traffic / optimizer-step median / the calibrated ceiling (None uncalibrated). Records from before the

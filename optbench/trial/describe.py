@@ -101,8 +101,10 @@ def describe_final_loss(record: Record) -> None:
 
 
 def step_working_set_bytes(record: Record) -> int | None:
-    """What an optimizer step streams through: the weights, the gradients and the state (None where one is unknown)."""
-    parts = (record.weights_bytes, record.grads_bytes, record.state_bytes)
+    """What an optimizer step streams through: the weights, the gradients and the state (the analytic count before
+    training has measured it; None where a part is unknown)."""
+    state = record.state_bytes if record.state_bytes is not None else record.analytic_state_bytes
+    parts = (record.weights_bytes, record.grads_bytes, state)
     return None if None in parts else sum(parts)  # type: ignore[arg-type]
 
 

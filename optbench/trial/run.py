@@ -34,7 +34,13 @@ from optbench.probes import bandwidth, measure, triad
 from optbench.records.environment import cpu_name, environment, machine_key
 from optbench.records.oom import raised_out_of_memory
 from optbench.records.record import Record
-from optbench.trial.describe import describe_bandwidth, describe_final_loss, describe_model, describe_training
+from optbench.trial.describe import (
+    describe_bandwidth,
+    describe_final_loss,
+    describe_model,
+    describe_training,
+    step_working_set_bytes,
+)
 from optbench.trial.engines import Diverged, Setup, engine_for, evaluate
 from optbench.trial.precision import dtype_name, parse_precision
 from optbench.trial.settings import settings_record
@@ -153,12 +159,11 @@ def _train_and_measure(spec: TrialSpec, record: Record) -> None:
     s = setup(spec, record)
     describe_model(record, s.model, s.entry)
     record.predicted_peak_bytes = for_trial(spec, s.model, s.entry, str(s.device))  # before a step: a prediction
-    probe = triad.triad_bandwidth_samples(s.device, BANDWIDTH_SAMPLES)
+    calibration, source = bandwidth.load_for(machine_key(s.device))  # the roofline's ceiling, measured once
+    probe = bandwidth_probe(s, record, calibration)
     result = engine_for(spec)(s, record)
     describe_training(record, result, s.optimizer, s.entry, s.model, spec.state_map_dir)
-    calibration, source = bandwidth.load_for(machine_key(s.device))  # the roofline's ceiling, measured once
-    describe_bandwidth(record, probe + triad.triad_bandwidth_samples(s.device, BANDWIDTH_SAMPLES), calibration,
-                       source)
+    describe_bandwidth(record, probe + bandwidth_probe(s, record, calibration), calibration, source)
     if spec.parallel != "none" and spec.state_map_dir:
         check_sharding(s, record)
     if spec.target is not None:
@@ -167,6 +172,14 @@ def _train_and_measure(spec: TrialSpec, record: Record) -> None:
         result.resume.finish(fresh_setup(spec, record))
     evaluate_final(s, record)
     check_divergence(record, s.built.chance_loss)
+
+
+def bandwidth_probe(s: Setup, record: Record, calibration: bandwidth.BandwidthCalibration | None) -> list[float]:
+    """The trial's own triad passes, over the calibrated level of its step's working set (a check on the ceiling
+    its roofline divides by: probes/bandwidth.py); taken before and again after training."""
+    operand = bandwidth.probe_operand_bytes(s.device, step_working_set_bytes(record), calibration)
+    record.device_bandwidth_probe_working_set_bytes = 2 * operand
+    return triad.triad_bandwidth_samples(s.device, BANDWIDTH_SAMPLES, operand)
 
 
 def check_sharding(s: Setup, record: Record) -> None:
