@@ -364,7 +364,14 @@ def roofline_agreement() -> str:
         return "no trial in roofline.jsonl against a steady calibration"
     middle = statistics.median(values)
     stray = max(abs(v / middle - 1) for v in values)
-    return (f"{min(values):.1f}–{max(values):.1f} % over {len(values)} trials, each within ±{100 * stray:.1f} % of "
+    ok = [r for r in read_records(path) if r.status == "ok" and metrics.record_values(r)["roofline_pct"] is not None]
+    steps_ms = [1e3 * r.optimizer_step_median_s for r in ok]
+    levels = sorted({r.device_bandwidth_working_set_bytes for r in ok if r.device_bandwidth_working_set_bytes})
+    against = (f" against the {', '.join(f'{level / 2**20:,.0f}' for level in levels)} MiB level's ceiling of "
+               f"{ok[0].device_bandwidth_calibrated_bytes_per_s / 1e9:.1f} GB/s" if levels else "")
+    return (f"the step moves {ok[0].optimizer_step_traffic_bytes / 1e6:,.0f} MB in {min(steps_ms):.1f}–"
+            f"{max(steps_ms):.1f} ms{against}: "
+            f"{min(values):.1f}–{max(values):.1f} % over {len(values)} trials, each within ±{100 * stray:.1f} % of "
             f"their median ({'within' if stray <= ROOFLINE_AGREEMENT else 'outside'} the ±"
             f"{100 * ROOFLINE_AGREEMENT:.0f} % they must agree to){'; ABOVE 100 %' if max(values) > 100 else ''}")
 

@@ -186,8 +186,8 @@ def test_the_command_refuses_a_device_that_is_not_there(capfd):
 def test_no_committed_roofline_above_one_is_reported_as_a_share():
     """Every results file under results/: a trial whose roofline against a steady calibration is above 100 % (the
     ceiling below what the kernel moved) is counted as `calib. fail` in its report, never averaged into the share.
-    The stored fraction stays on the record, a measured fact about the ceiling: against
-    results/cpu-2core/bandwidth.json the fused AdamW kernel read 99-115 % (README, roofline %). Records from before
+    The stored fraction stays on the record, a measured fact about the ceiling: against the memory level of
+    results/cpu-2core/memory-level/bandwidth.json the fused AdamW kernel read 99-115 %. Records from before
     calibrations show no roofline, nor do those divided by an unsteady calibration (the tests above)."""
     for path in sorted((ROOT / "results").rglob("*.jsonl")):
         records = read_records(path)
