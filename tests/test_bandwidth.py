@@ -221,3 +221,22 @@ def test_a_trial_probes_its_working_set_and_records_it():
     working_set = record.weights_bytes + record.grads_bytes + record.state_bytes
     assert record.device_bandwidth_probe_working_set_bytes == 2 * max(2**20, working_set // 2)
     assert record.device_bandwidth_bytes_per_s > 0
+
+
+def test_an_unsteady_smaller_level_is_left_out_and_its_steps_divide_by_the_next_larger(monkeypatch, small_buffers):
+    """Measured here: 240 MiB and up steady at 38-41 GB/s, 120 and 60 MiB at 59 % and 66 % of their fastest (a
+    shared cache's speed moves with its neighbours). The calibration is written with the steady levels; the others
+    are kept in the file, said to be left out, and a step of their size divides by the next larger level."""
+    def level(size_mib: int, rate: float, low: float) -> bandwidth.BandwidthLevel:
+        quantiles = {"0.05": low * rate, "0.25": 0.95 * rate, "0.5": 0.97 * rate, "0.75": 0.98 * rate, "0.95": rate}
+        return bandwidth.BandwidthLevel(size_mib * 2**20, rate, quantiles, 200)
+
+    measured = iter([level(8, 3.8e10, 0.9), level(4, 4.1e10, 0.85), level(2, 6.5e10, 0.59)])
+    monkeypatch.setattr(bandwidth, "measure_level", lambda *args: next(measured))
+    found = bandwidth.calibrate(CPU, "m", "cpu", {}, rounds=1, passes=1, levels=3)
+    assert found.steady and [lv.working_set_bytes for lv in found.levels] == [8 * 2**20, 4 * 2**20]
+    assert [lv.working_set_bytes for lv in found.unsteady_levels] == [2 * 2**20]
+    assert found.level_for(3 * 2**20).working_set_bytes == 4 * 2**20  # the smallest steady level
+    said = found.describe()
+    assert "unsteady: its slowest passes ran at 59% of its fastest" in said and "left out" in said
+    assert bandwidth.read(bandwidth.save(found, Path(bandwidth.cache_dir()) / "x.json")) == found

@@ -89,6 +89,9 @@ class BandwidthCalibration:
     measured_at: str = ""
     env: dict[str, Any] = field(default_factory=dict)  # the environment stamp: commit, load while measuring
     levels: tuple[BandwidthLevel, ...] = ()
+    # smaller working sets measured but left out: unsteady (a shared cache's speed moves with its neighbours); kept
+    # here, as measured, so the file says why a step of that size divides by a larger level's ceiling
+    unsteady_levels: tuple[BandwidthLevel, ...] = ()
 
     def level_for(self, working_set_bytes: int | None) -> BandwidthLevel:
         """The level a step whose data spans `working_set_bytes` divides by: the largest calibrated working set no
@@ -110,19 +113,22 @@ class BandwidthCalibration:
 
     @property
     def steady(self) -> bool:
-        """Whether the machine held one speed while every level was measured (probes.steady_calibration)."""
-        return all(level.steady for level in (self.levels or (self.memory_level,)))
+        """Whether the machine held one speed while the memory level was measured (probes.steady_calibration): the
+        ceiling every other level falls back to. A smaller level that was not steady is left out (`unsteady_levels`)."""
+        return self.memory_level.steady and all(level.steady for level in self.levels)
 
     def describe(self) -> str:
         lines = [f"{self.machine}: the {CEILING_QUANTILE:.0%} quantile of the triad's passes per working set "
                  "(two operands):"]
-        for level in sorted(self.levels or (self.memory_level,), key=lambda lv: -lv.working_set_bytes):
+        shown = (*(self.levels or (self.memory_level,)), *self.unsteady_levels)
+        for level in sorted(shown, key=lambda lv: -lv.working_set_bytes):
             q = {key: value / 1e9 for key, value in level.quantiles_bytes_per_s.items()}
             line = (f"  {level.working_set_bytes / 2**20:8,.0f} MiB: ceiling {level.ceiling_bytes_per_s / 1e9:.1f} "
                     f"GB/s ({level.passes} passes; 5-95 % {q['0.05']:.1f}-{q['0.95']:.1f} GB/s, median {q['0.5']:.1f})")
             if not level.steady:
                 line += (f"; unsteady: its slowest passes ran at {q['0.05'] / q['0.95']:.0%} of its fastest (a steady "
                          f"machine's >= {STEADY_SHARE:.0%}): the machine changed speed while it was measured")
+                line += "; left out" if level in self.unsteady_levels else ""
             lines.append(line)
         return "\n".join(lines)
 
@@ -175,11 +181,13 @@ def calibrate(device: torch.device, machine: str, device_name: str, env: dict[st
     if not found or measured[0] is None:
         raise BandwidthError(f"no bandwidth could be measured on {device}: too little free memory for the buffers")
     memory = found[0]
+    kept = (memory, *(level for level in found[1:] if level.steady))
     return BandwidthCalibration(
         machine=machine, device_name=device_name, threads=torch.get_num_threads(),
         ceiling_bytes_per_s=memory.ceiling_bytes_per_s, quantiles_bytes_per_s=memory.quantiles_bytes_per_s,
         passes=memory.passes, buffer_bytes=memory_operand,
-        measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), env=env, levels=found)
+        measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), env=env, levels=kept,
+        unsteady_levels=tuple(level for level in found[1:] if not level.steady))
 
 
 MIN_PROBE_OPERAND_BYTES = 2**20  # a trial probe's operands at least (a tiny model's working set sits in L2)
@@ -211,9 +219,10 @@ def read(path: Path) -> BandwidthCalibration:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         data["quantiles_bytes_per_s"] = _quantiles(data["quantiles_bytes_per_s"])
-        data["levels"] = tuple(BandwidthLevel(**{**level, "quantiles_bytes_per_s":
-                                                 _quantiles(level["quantiles_bytes_per_s"])})
-                               for level in data.get("levels", ()))
+        for key in ("levels", "unsteady_levels"):
+            data[key] = tuple(BandwidthLevel(**{**level, "quantiles_bytes_per_s":
+                                                _quantiles(level["quantiles_bytes_per_s"])})
+                              for level in data.get(key, ()))
         return BandwidthCalibration(**data)
     except (OSError, ValueError, TypeError, KeyError) as exc:
         raise BandwidthError(f"{path}: not a bandwidth calibration ({exc})") from None
