@@ -307,7 +307,7 @@ def predictor_band() -> str:
     """The held-out trials' error from their own recorded predictions (what each trial predicted before it ran)."""
     from optbench.memory import coverage
 
-    held = current_lm(read_records(RESULTS / "predictor" / "held-out.jsonl"), "predictor/held-out.jsonl")
+    held = current_lm(_records(("predictor/held-out.jsonl",)), "predictor/held-out.jsonl")
     return coverage.own_band(held).describe()
 
 
@@ -315,10 +315,7 @@ def predictor_coverage(part: str) -> str:
     """The held-out margin's coverage on fresh trials of other shapes (optbench/memory/coverage.py)."""
     from optbench.memory import coverage
 
-    fresh = RESULTS / "predictor" / "fresh.jsonl"
-    if not fresh.is_file():
-        return "not measured yet"
-    text, found = coverage.report(*(read_records(RESULTS / "predictor" / f"{name}.jsonl")
+    text, found = coverage.report(*(_records((f"predictor/{name}.jsonl",))
                                     for name in ("calibration", "held-out", "fresh")))
     return found.describe() if part == "summary" else found.table.sort_values(
         ["workload", "optimizer", "batch", "seq"]).to_markdown(index=False, floatfmt=".1f")
@@ -332,7 +329,7 @@ def fit_table() -> str:
     from optbench.memory import fit
     from optbench.memory.estimate import parse_bytes
 
-    result = fit.result_from_records(read_records(RESULTS / "fit.jsonl"), parse_bytes(FIT_BUDGET))
+    result = fit.result_from_records(_records(("fit.jsonl",)), parse_bytes(FIT_BUDGET))
     return fit.fit_table(result).to_markdown(index=False, floatfmt=".1f")
 
 
