@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT / "scripts"))  # readme_gpu beside this file
 
 from readme_gpu import gpu_section  # noqa: E402
 
+from optbench.optimizers.noise import filter_known_noise  # noqa: E402
 from optbench.records.record import Record, read_records  # noqa: E402
 from optbench.report import metrics  # noqa: E402
 from optbench.report import render as report  # noqa: E402
@@ -579,6 +580,7 @@ def unrendered_tables(text: str) -> list[int]:
 
 
 def main(argv: list[str]) -> int:
+    filter_known_noise()
     check = "--check" in argv
     stale = [f"README.md:{n}: a table row not rendered from records" for n in unrendered_tables(README.read_text())]
     for path in DOCUMENTS:

@@ -59,6 +59,7 @@ from optbench.memory.validation import (
     warn_left_out,
 )
 from optbench.optimizers import resolve
+from optbench.optimizers.noise import filter_known_noise
 from optbench.records import exits
 from optbench.records.record import MIB, Record, read_records
 
@@ -285,6 +286,7 @@ def _libraries(c: Calibration) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    filter_known_noise()  # the meta models import transformers, which imports torchao: its notices are no answer
     parser = argparse.ArgumentParser(prog="python -m optbench.memory.calibrate", description=__doc__.split("\n\n")[0])
     parser.add_argument("--calibrate-on", type=Path, nargs="*", default=[],
                         help="results files to fit on (none: validate the calibrations in use as they are)")

@@ -28,6 +28,7 @@ from typing import Any
 from optbench.job.devices import device_kind
 from optbench.memory.calibration import ErrorBand
 from optbench.memory.validation import measured_peak, usable
+from optbench.optimizers.noise import filter_known_noise
 from optbench.records import exits
 from optbench.records.record import MIB, Record, read_records
 
@@ -126,6 +127,7 @@ def report(calibration: Sequence[Record], held_out: Sequence[Record], fresh: Seq
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    filter_known_noise()  # as every entry point does (optbench/optimizers/noise.py)
     parser = argparse.ArgumentParser(prog="python -m optbench.memory.coverage", description=__doc__.split("\n\n")[0])
     for flag in ("--calibration", "--held-out", "--fresh"):
         parser.add_argument(flag, type=Path, required=True)

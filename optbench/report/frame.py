@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import warnings
 from collections.abc import Iterable
 from typing import Any
 
@@ -252,7 +253,11 @@ def summarize(frame: pd.DataFrame, margin: float | None = None) -> pd.DataFrame:
     rows = [_summary_row(group, int(counts[(job, optimizer)]))
             for (job, optimizer, _), group in finals.groupby(["job_id", "optimizer", "status"], sort=False)]
     summary = pd.DataFrame(rows)
-    add_relative(finals, summary, margin)
+    with warnings.catch_warnings():
+        # the relative columns are set cell by cell, job by job; pandas then warns the frame is "fragmented", a
+        # speed notice about a frame of a few dozen rows that a user cannot act on
+        warnings.simplefilter("ignore", pd.errors.PerformanceWarning)
+        add_relative(finals, summary, margin)
     return summary
 
 
