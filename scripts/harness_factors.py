@@ -3,10 +3,11 @@ steps after it.
 
 The harness-vs-bare check once found the harness 3-4 % *faster* than a bare loop doing nominally the same work
 (pairs 0.950-1.034, median 0.959). Between its setup and its first timed step a trial does three things a bare loop
-written from scratch does not: the bandwidth probe (two buffers 2x the last-level cache allocated, swept, freed, the
-heap trimmed), one warm-up forward/backward, and the memory window's garbage collection and heap trim. Each can
-change the allocator's state (glibc's mmap threshold rises as large blocks are freed, so later activations come from
-the heap instead of fresh zeroed pages; a trim hands pages back), and so the steady-state step. This times, in one
+written from scratch does not: the bandwidth probe (then two buffers 2x the last-level cache, now buffers of the
+working set the machine's calibration streams at the step's size: allocated, swept, freed, the heap trimmed), one
+warm-up forward/backward, and the memory window's garbage collection and heap trim. Each can change the allocator's
+state (glibc's mmap threshold rises as large blocks are freed, so later activations come from the heap instead of
+fresh zeroed pages; a trim hands pages back), and so the steady-state step. This times, in one
 process and single-threaded as the check, interleaved in a rotating order over ROUNDS rounds:
 
 - `bare`: setup, then the loop (what the check's bare loop was);
