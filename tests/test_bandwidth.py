@@ -40,7 +40,11 @@ def test_a_calibration_measures_every_working_set_from_the_probes_down():
 
 def test_calibrated_levels_are_two_operands_each_largest_first(small_buffers):
     found = bandwidth.calibrate(CPU, "m", "cpu", {}, rounds=1, passes=2, levels=3)
-    assert [level.working_set_bytes for level in found.levels] == [8 * 2**20, 4 * 2**20, 2 * 2**20]
+    # Two passes of a small level may read unsteady on a busy machine and be left out (kept in unsteady_levels):
+    # every level is measured, the kept ones largest first.
+    kept = [level.working_set_bytes for level in found.levels]
+    measured = kept + [level.working_set_bytes for level in found.unsteady_levels]
+    assert sorted(measured, reverse=True) == [8 * 2**20, 4 * 2**20, 2 * 2**20] and kept == sorted(kept, reverse=True)
     assert found.levels[0].ceiling_bytes_per_s == found.ceiling_bytes_per_s and found.buffer_bytes == 4 * 2**20
 
 
