@@ -322,6 +322,13 @@ def predictor_coverage(part: str) -> str:
         ["workload", "optimizer", "batch", "seq"]).to_markdown(index=False, floatfmt=".1f")
 
 
+def first_fresh_coverage() -> str:
+    """The first fresh set's verdict as its step wrote it then (share-only margin), kept under earlier/: the rule
+    was changed after it, so it is history, not re-scored with today's rule."""
+    written = (RESULTS / "earlier" / "predictor-fresh-1" / "coverage.md").read_text().split("\n\n")
+    return next(part for part in written if part.startswith("coverage "))
+
+
 FIT_BUDGET = "1.5GiB"  # what `reference-results fit` passes to `optbench fit --memory`
 
 
@@ -530,6 +537,7 @@ VALUES: dict[str, Callable[[], str]] = {
     "explain.adamw8bit_hf": lambda: explain("adamw8bit_hf"),
     "predictor.band": predictor_band,
     "predictor.coverage": lambda: predictor_coverage("summary"),
+    "predictor.coverage-first": first_fresh_coverage,
     "roofline.agreement": roofline_agreement,
     "new-entries.summary": new_entries,
     "harness.summary": harness_summary,

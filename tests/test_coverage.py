@@ -27,6 +27,7 @@ def test_the_band_comes_from_the_records_own_predictions():
     band = coverage.own_band(HELD_OUT)
     assert band.trials == 3 and band.worst_under == pytest.approx(0.06, abs=1e-6)
     assert band.share_under == pytest.approx(1 / 3) and band.safety_margin == pytest.approx(0.06, abs=1e-6)
+    assert band.worst_under_bytes == 30 * MIB  # h1: 530 measured against 500 predicted
     with pytest.raises(ValueError, match="no cpu record"):
         coverage.own_band([Record(trial_id="x", status="ok", device="cpu")])  # no prediction of its own
 
@@ -34,12 +35,24 @@ def test_the_band_comes_from_the_records_own_predictions():
 def test_coverage_counts_fresh_trials_under_prediction_plus_margin_and_names_shapes_outside_the_range():
     fresh = [_trial("f1", 520, 500), _trial("f2", 540, 500, batch=160), _trial("f3", 490, 500, batch=2),
              _trial("f4", 500, 500, seq=16), *HELD_OUT[:1]]  # a held-out trial is never fresh
-    found = coverage.coverage(fresh, 0.06, CALIBRATION, HELD_OUT)
+    found = coverage.coverage(fresh, coverage.own_band(HELD_OUT), CALIBRATION, HELD_OUT)
     assert (found.covered, found.trials, found.outside_range) == (3, 4, 3)
     assert found.share == 0.75 and "NOT met" in found.describe() and "3 of them outside" in found.describe()
     rows = list(found.table[["batch", "seq", "covered", "outside calibration range"]].itertuples(index=False))
     assert [tuple(r) for r in rows] == [(16, 32, True, ""), (160, 32, False, "batch above"),
                                         (2, 32, True, "batch below"), (16, 16, True, "seq below")]
+
+
+def test_a_small_trial_is_held_to_the_margin_in_bytes_when_that_is_larger_than_the_share():
+    """+25 % over a 110 MiB prediction is 27.5 MiB: past the 6 % share (6.6 MiB), inside the 30 MiB the held-out
+    trials were under-predicted by; +35 % (38.5 MiB) is past both."""
+    band = coverage.own_band(HELD_OUT)
+    fresh = [_trial("s1", 137.5, 110, batch=2), _trial("s2", 148.5, 110, batch=2)]
+    found = coverage.coverage(fresh, band, CALIBRATION, HELD_OUT)
+    assert list(found.table["covered"]) == [True, False]
+    assert list(found.table["margin MiB"]) == [30.0, 30.0]
+    assert "+6.0 % or 30 MiB, whichever is larger" in found.describe()
+    assert band.margin_bytes(1000 * MIB) == pytest.approx(60 * MIB, abs=1)  # the share, where it is larger
 
 
 def test_the_report_takes_its_margin_from_the_held_out_trials(capsys, tmp_path):
@@ -54,4 +67,4 @@ def test_the_report_takes_its_margin_from_the_held_out_trials(capsys, tmp_path):
     code = coverage.main(["--calibration", str(paths["cal"]), "--held-out", str(paths["held"]),
                           "--fresh", str(paths["fresh"])])
     out = capsys.readouterr().out
-    assert code == 0 and "coverage 20/20 = 100.0 %" in out and "safety margin +6.0 %" in out and "met)" in out
+    assert code == 0 and "coverage 20/20 = 100.0 %" in out and "safety margin +6.0 % or 30 MiB" in out and "met)" in out

@@ -178,6 +178,17 @@ def test_batch_and_seq_add_the_predicted_peak_and_a_margin_from_the_error_band(m
     assert table_rows(out)["adamw"][f"fits {budget / GIB:,.2f} GiB"].startswith("no (+")
 
 
+def test_the_margin_is_never_less_than_the_bytes_the_held_out_trials_were_under_predicted_by(minilm_size,
+                                                                                                monkeypatch):
+    floor = 500 * MIB  # larger than 8 % of any MiniLM peak at batch 2
+    monkeypatch.setattr(est, "error_band", lambda kind, calibrated=True: dataclasses.replace(
+        BAND, worst_under_bytes=floor))
+    adamw = {e.optimizer: e for e in est.estimate(minilm_size, batch_size=2, seq_len=32, device_kind="cpu")}["adamw"]
+    assert adamw.margin_floor_bytes == floor and adamw.predicted_peak_bytes * 0.08 < floor
+    assert adamw.safe_bytes() == adamw.predicted_peak_bytes + floor
+    assert adamw.describe_margin() == "8 % (at least 500 MiB) margin"
+
+
 def test_measured_state_replaces_the_analytic_one_in_the_predicted_peak(minilm_size, monkeypatch):
     monkeypatch.setattr(est, "error_band", lambda kind, calibrated=True: None)
     analytic = {e.optimizer: e for e in est.estimate(minilm_size, batch_size=8, seq_len=64, device_kind="cpu")}

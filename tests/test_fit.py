@@ -124,7 +124,7 @@ def test_fit_table_render_and_figure(tmp_path, monkeypatch):
     assert "largest batch within 0.10 GiB per optimizer: tiny, seq 32, fp32, cpu" in text
     assert "budget covers weights + peak RSS growth" in text and "not budgeted" in text
     drawn, save = [], Figure.savefig
-    monkeypatch.setattr(Figure, "savefig", lambda figure, path: (drawn.append(figure), save(figure, path))[1])
+    monkeypatch.setattr(Figure, "savefig", lambda fig, path, **kw: (drawn.append(fig), save(fig, path, **kw))[1])
     table_path, figure_path = fit.save(result, tmp_path / "fit.jsonl")
     assert table_path.read_text() == text and imread(figure_path).shape[:2] == (round(4.4 * 130), round(11 * 130))
     largest, speed = drawn[0].axes

@@ -4,6 +4,7 @@ back from matplotlib's objects (axes, labels, the points, bars and lines plotted
 
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -166,3 +167,53 @@ def test_plots_import_neither_the_report_nor_torch():
             "print(sorted(m for m in ('optbench.report.render', 'torch') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
+
+
+def _chart_png(tmp_path, name="chart.png"):
+    """A small chart with text, a fill and anti-aliased lines, written the way matplotlib writes it (RGBA)."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(4, 3), dpi=100)
+    ax = fig.subplots()
+    ax.plot([0, 1, 2], [0, 1, 0.5], color="C0", lw=2.5)
+    ax.fill_between([0, 1, 2], [0, 0.2, 0.1], color="C1", alpha=0.4)
+    ax.set_title("state (MiB)")
+    raw = tmp_path / name
+    fig.savefig(raw)
+    return fig, raw
+
+
+def test_figures_are_written_as_palette_pngs_that_look_the_same(tmp_path):
+    from PIL import Image
+
+    from optbench.report.png import save_figure
+
+    fig, raw = _chart_png(tmp_path)
+    small = save_figure(fig, tmp_path / "sub" / "chart.png")
+    with Image.open(raw) as original, Image.open(small) as palette:
+        assert palette.mode == "P" and original.mode == "RGBA"
+        before, after = (np.asarray(image.convert("RGB"), dtype=float) for image in (original, palette))
+    diff = np.abs(before - after)
+    assert diff.mean() < 1.0  # of 255: the same picture, not a smeared one
+    assert small.stat().st_size < raw.stat().st_size
+
+
+def test_shrinking_is_idempotent_and_reaches_figures_embedded_in_a_page(tmp_path):
+    import base64
+    import importlib.util
+
+    from optbench.report.png import shrink_png
+
+    script = Path(__file__).parents[1] / "scripts" / "shrink_figures.py"
+    spec = importlib.util.spec_from_file_location("shrink_figures", script)
+    shrink_figures = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(shrink_figures)
+    _, raw = _chart_png(tmp_path)
+    once = shrink_png(raw.read_bytes())
+    assert shrink_png(once) == once
+    page = tmp_path / "report.html"
+    page.write_text(f'<img src="data:image/png;base64,{base64.b64encode(raw.read_bytes()).decode()}">')
+    before, after = shrink_figures.shrink_file(page)
+    assert after < before
+    assert base64.b64encode(once).decode() in page.read_text()
+    assert shrink_figures.shrink_file(page) == (after, after)

@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from optbench.records.record import MIB
 
 SHIPPED_DIR = Path(__file__).parent / "calibrations"  # read-only: the package's calibrations
 CACHE_ENV = "OPTBENCH_CACHE"  # the user's cache folder; calibrations go to its calibrations/ subfolder
@@ -93,6 +96,8 @@ class ErrorBand:
     share_under: float
     table: str = ""  # where the committed per-trial table is
     calibrated: bool = True  # False: the error of the uncalibrated predictor (each model without its calibration)
+    worst_under_bytes: int = 0  # the largest under-prediction in bytes, measured - predicted (0: none, or a file
+    #                             written before it was kept: the margin is then the share alone)
 
     @property
     def safety_margin(self) -> float:
@@ -100,11 +105,30 @@ class ErrorBand:
         costly mistake (a run that dies), so the margin covers the worst under-prediction, not the median."""
         return max(self.worst_under, 0.0)
 
+    def margin_bytes(self, predicted_bytes: float) -> int:
+        """What to add to a prediction: the held-out trials' worst under-prediction, as a share of it or in
+        bytes, whichever is larger (`margin_bytes`)."""
+        return margin_bytes(predicted_bytes, self.safety_margin, self.worst_under_bytes)
+
+    def describe_margin(self) -> str:
+        floor = f" or {self.worst_under_bytes / MIB:.0f} MiB, whichever is larger" if self.worst_under_bytes else ""
+        return f"+{100 * self.safety_margin:.1f} %{floor}"
+
     def describe(self) -> str:
         which = "predictor error" if self.calibrated else "uncalibrated predictor error (no own calibration)"
         return (f"{which} on {self.trials} held-out {self.device_kind} trials: median |error| "
                 f"{100 * self.median_abs_error:.1f} %, worst {100 * self.worst_abs_error:.1f} %, "
-                f"{100 * self.share_under:.0f} % under-predicted; safety margin +{100 * self.safety_margin:.1f} %")
+                f"{100 * self.share_under:.0f} % under-predicted; safety margin {self.describe_margin()}")
+
+
+def margin_bytes(predicted_bytes: float, fraction: float, floor_bytes: int) -> int:
+    """The safety margin on a predicted peak: `fraction` of it, but never less than `floor_bytes`.
+
+    Why a floor: a CPU peak is RSS, and the allocator's slack is tens of MiB whatever the trial's size (the
+    compare gate sees +-19 MiB between sweeps). On a large trial the share covers it; on a small one it is most
+    of the error: the first fresh set's 142 MiB prediction measured 187 MiB (+31 %) against a +6 % margin set on
+    held-out trials of 220-1,480 MiB (results/cpu-2core/earlier/predictor-fresh-1/coverage.md)."""
+    return math.ceil(max(fraction * predicted_bytes, floor_bytes))
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,8 @@ The peak predictor is calibrated on some trials (`calibrate`), and its safety ma
 held-out ones (the worst under-prediction among them). Neither set can say whether the margin holds: the
 calibration trials were fitted to, and the margin was chosen to cover the held-out trials exactly. Coverage asks a
 third set, fresh trials of other shapes (batches and lengths outside the calibration's range included): the share
-whose measured peak stays under prediction x (1 + margin). Every figure here is read from the records themselves —
+whose measured peak stays under prediction + margin (the held-out worst under-prediction, as a share or in bytes,
+whichever is larger: `ErrorBand.margin_bytes`). Every figure here is read from the records themselves —
 `predicted_peak_bytes`, the prediction each trial made before its first step with the calibration it had — never
 recomputed with today's predictor, so a published figure is what the trials saw.
 
@@ -42,15 +43,17 @@ def _predicted(records: Iterable[Record]) -> list[Record]:
 
 def own_band(records: Iterable[Record], device: str = "cpu", table: str = "") -> ErrorBand:
     """The predictor's error on `records` from their own predictions: median and worst |error|, the worst
-    under-prediction (measured / predicted - 1) — the safety margin — and the share under-predicted."""
+    under-prediction (measured / predicted - 1, and in bytes) — the safety margin — and the share under-predicted."""
     rows = [r for r in _predicted(records) if device_kind(r.device) == device]
     if not rows:
         raise ValueError(f"no {device} record with its own predicted_peak_bytes to measure the predictor on")
     errors = [(r.predicted_peak_bytes - measured_peak(r)) / measured_peak(r) for r in rows]  # type: ignore[operator]
     over = [measured_peak(r) / r.predicted_peak_bytes - 1 for r in rows]  # type: ignore[operator]
+    over_bytes = [measured_peak(r) - r.predicted_peak_bytes for r in rows]  # type: ignore[operator]
     return ErrorBand(device_kind=device, trials=len(rows), median_abs_error=statistics.median(abs(e) for e in errors),
                      worst_abs_error=max(abs(e) for e in errors), worst_under=max(max(over), 0.0),
-                     share_under=sum(e < 0 for e in errors) / len(errors), table=table)
+                     share_under=sum(e < 0 for e in errors) / len(errors), table=table,
+                     worst_under_bytes=max(max(over_bytes), 0))
 
 
 def shape_ranges(records: Iterable[Record]) -> dict[str, tuple[int, int, int, int]]:
@@ -77,7 +80,7 @@ def _outside(record: Record, ranges: dict[str, tuple[int, int, int, int]]) -> st
 class Coverage:
     covered: int
     trials: int
-    margin: float
+    margin: ErrorBand  # the held-out band whose margin the fresh trials test
     outside_range: int  # fresh trials with a batch or length outside the calibration's range
     table: Any  # pandas DataFrame, one row per fresh trial
 
@@ -88,14 +91,14 @@ class Coverage:
     def describe(self) -> str:
         met = "met" if self.share >= REQUIRED_COVERAGE else "NOT met"
         return (f"coverage {self.covered}/{self.trials} = {100 * self.share:.1f} % of fresh trials under prediction "
-                f"+{100 * self.margin:.1f} % ({self.outside_range} of them outside the calibration's batch or length "
-                f"range; at least {100 * REQUIRED_COVERAGE:.0f} % required: {met})")
+                f"{self.margin.describe_margin()} ({self.outside_range} of them outside the calibration's batch or "
+                f"length range; at least {100 * REQUIRED_COVERAGE:.0f} % required: {met})")
 
 
-def coverage(fresh: Iterable[Record], margin: float, calibration: Sequence[Record], held_out: Sequence[Record]
+def coverage(fresh: Iterable[Record], band: ErrorBand, calibration: Sequence[Record], held_out: Sequence[Record]
              ) -> Coverage:
     """The share of fresh trials (none of them a calibration or held-out trial) whose measured peak is at most
-    their own prediction x (1 + margin)."""
+    their own prediction plus the band's margin (ErrorBand.margin_bytes)."""
     import pandas as pd
 
     used = {r.trial_id for r in [*calibration, *held_out]}
@@ -105,21 +108,22 @@ def coverage(fresh: Iterable[Record], margin: float, calibration: Sequence[Recor
         if r.trial_id in used:
             continue
         measured, predicted = measured_peak(r), r.predicted_peak_bytes
+        margin_bytes = band.margin_bytes(predicted)  # type: ignore[arg-type]
         rows.append({"workload": r.workload, "optimizer": r.optimizer, "batch": r.batch_size, "seq": r.seq_len,
                      "predicted MiB": predicted / MIB, "measured MiB": measured / MIB,  # type: ignore[operator]
                      "over prediction %": 100 * (measured / predicted - 1),  # type: ignore[operator]
-                     "covered": measured <= predicted * (1 + margin),  # type: ignore[operator]
+                     "margin MiB": margin_bytes / MIB, "covered": measured <= predicted + margin_bytes,  # type: ignore[operator]
                      "outside calibration range": _outside(r, ranges)})
     table = pd.DataFrame(rows)
     covered = int(table["covered"].sum()) if len(table) else 0
     outside = int((table["outside calibration range"] != "").sum()) if len(table) else 0
-    return Coverage(covered, len(table), margin, outside, table)
+    return Coverage(covered, len(table), band, outside, table)
 
 
 def report(calibration: Sequence[Record], held_out: Sequence[Record], fresh: Sequence[Record]) -> tuple[str, Coverage]:
     """The held-out band (the margin's source) and the coverage of that margin on the fresh trials, as markdown."""
     band = own_band(held_out)
-    found = coverage(fresh, band.safety_margin, calibration, held_out)
+    found = coverage(fresh, band, calibration, held_out)
     shown = found.table.sort_values(["workload", "optimizer", "batch", "seq"]) if len(found.table) else found.table
     text = "\n\n".join([f"held-out (the margin's source, own predictions): {band.describe()}", found.describe(),
                         shown.to_markdown(index=False, floatfmt=".1f") if len(shown) else "(no fresh trial)"])

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from optbench.memory import predict
 from optbench.memory.calibration import ErrorBand, calibration_path, load_calibrations, shipped_calibration_path
+from optbench.memory.calibration import margin_bytes as margin_for
 from optbench.optimizers import FP32_BYTES, REGISTRY, Shape, UnknownOptimizerError, resolve
 from optbench.optimizers.base import NOMINAL_SHAPE, Param
 from optbench.records.record import GIB, MIB, REFERENCE_OPTIMIZER
@@ -149,6 +150,7 @@ class Estimate:
     peak_phase: str = ""
     calibrated: bool = False
     margin_fraction: float = 0.0
+    margin_floor_bytes: int = 0  # the margin is never less than this (calibration.margin_bytes)
     device_kind: str = ""
     prediction_basis: str = ""  # the calibration it used (or "uncalibrated ..."), batch size and sequence length
 
@@ -169,7 +171,12 @@ class Estimate:
         the safety margin; without a prediction, the floor `per_gpu_bytes`."""
         if self.predicted_peak_bytes is None:
             return self.per_gpu_bytes(gpus, stage)
-        return math.ceil((self.per_gpu_bytes(gpus, stage) + self.extra_bytes) * (1 + self.margin_fraction))
+        peak = self.per_gpu_bytes(gpus, stage) + self.extra_bytes
+        return peak + margin_for(peak, self.margin_fraction, self.margin_floor_bytes)
+
+    def describe_margin(self) -> str:
+        floor = f" (at least {self.margin_floor_bytes / MIB:.0f} MiB)" if self.margin_floor_bytes else ""
+        return f"{100 * self.margin_fraction:.0f} %{floor} margin"
 
     def per_gpu_bytes(self, gpus: int = 1, stage: int = 0) -> int:
         """Weights + grads + state on each of `gpus` data-parallel GPUs under ZeRO `stage`: 0 (plain data
@@ -235,6 +242,7 @@ def _with_prediction(row: Estimate, size: ModelSize, precision: str, batch_size:
         row, activation_bytes=found.activation_bytes, temporaries_bytes=found.temporaries_bytes,
         overhead_bytes=found.overhead_bytes, predicted_peak_bytes=peak,
         peak_phase=found.phase, calibrated=found.calibrated, margin_fraction=band.safety_margin if band else 0.0,
+        margin_floor_bytes=band.worst_under_bytes if band else 0,
         device_kind=device_kind, prediction_basis=f"{found.basis}; batch {batch_size}, seq {seq_len}")
 
 

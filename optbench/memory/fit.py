@@ -349,6 +349,7 @@ def plot(result: FitResult, path: Path) -> Path:
     from matplotlib.figure import Figure
 
     from optbench.report.plots import optimizer_colour
+    from optbench.report.png import save_figure
 
     table = fit_table(result)
     unit = "batch" if result.grow_by == "batch" else "seq"
@@ -367,8 +368,7 @@ def plot(result: FitResult, path: Path) -> Path:
         ax.tick_params(axis="x", labelrotation=20)
     fig.suptitle(f"What the memory saving buys: {_job_label(result)}, budget {result.budget_bytes / GIB:.2f} GiB"
                  " (hatched: not confirmed)", fontsize=11)
-    fig.savefig(path)
-    return path
+    return save_figure(fig, path)
 
 
 def save(result: FitResult, out_path: Path) -> tuple[Path, Path]:

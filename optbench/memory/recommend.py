@@ -166,7 +166,7 @@ def _reason(row: Recommendation, rows: Sequence[Recommendation], budget_bytes: i
     parts = f"weights {_gib(e.weights_bytes)} + grads {_gib(e.grads_bytes)} + state {_gib(e.state_bytes)} ({e.basis})"
     if e.predicted_peak_bytes is not None:
         parts = (f"predicted peak {_gib(e.predicted_peak_bytes)} (of which state {_gib(e.state_bytes)}) "
-                 f"+ {100 * e.margin_fraction:.0f} % margin")
+                 f"+ {e.describe_margin()}")
     elif row.activation_bytes is not None:
         parts += f" + activations {_gib(row.activation_bytes)} (measured)"
     quality = f"{row.metric} {row.quality:.4g}" if row.quality is not None else f"{row.metric} not measured"

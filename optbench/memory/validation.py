@@ -8,6 +8,7 @@ optbench/memory/calibrate.py fits the calibration and runs the whole validation.
 from __future__ import annotations
 
 import dataclasses
+import math
 import warnings
 from collections import Counter
 from collections.abc import Iterable
@@ -146,9 +147,11 @@ def error_band(table: Any, device: str = "cpu", table_path: str = "", calibrated
         raise CalibrationError(f"no held-out {device} trial to measure the predictor's error on")
     errors = held["error_pct" if calibrated else "uncalibrated_error_pct"] / 100
     over_prediction = -errors / (1 + errors)  # measured / predicted - 1: how far above the prediction a trial went
+    over_mib = -errors * held["measured_mib"]  # measured - predicted
     return ErrorBand(device_kind=device, trials=len(held), median_abs_error=float(errors.abs().median()),
                      worst_abs_error=float(errors.abs().max()), worst_under=float(max(over_prediction.max(), 0.0)),
-                     share_under=float((errors < 0).mean()), table=table_path, calibrated=calibrated)
+                     share_under=float((errors < 0).mean()), table=table_path, calibrated=calibrated,
+                     worst_under_bytes=max(math.ceil(over_mib.max() * MIB), 0))
 
 
 _COLUMNS = {"source": "file", "workload": "workload", "optimizer": "optimizer", "precision": "precision",

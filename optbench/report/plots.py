@@ -25,6 +25,7 @@ from optbench.optimizers.base import MODULE_KINDS
 from optbench.records.record import MIB
 from optbench.report import pareto, stats
 from optbench.report.frame import lr_choices, time_to_target_by_job
+from optbench.report.png import save_figure
 
 DPI = 130
 PANEL_IN = (6.4, 4.6)  # width, height of one panel in inches
@@ -72,8 +73,7 @@ def _figure(rows: int, cols: int) -> tuple[Figure, np.ndarray]:
 
 def _save(fig: Figure, title: str, path: Path) -> Path:
     fig.suptitle(title, fontsize=11)
-    fig.savefig(path)
-    return path
+    return save_figure(fig, path)
 
 
 def _stacked(ax, names: pd.Series, parts: list[tuple[str, np.ndarray, str]], ylabel: str) -> np.ndarray:

@@ -143,6 +143,8 @@ def plot_scaling(records: Iterable[Record] | pd.DataFrame, path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from optbench.report.png import save_figure
+
     frame = scaling_frame(records)
     figure, (state_axis, time_axis) = plt.subplots(1, 2, figsize=(11, 4.5), constrained_layout=True)
     for optimizer, group in frame.groupby("optimizer", sort=True):
@@ -161,7 +163,6 @@ def plot_scaling(records: Iterable[Record] | pd.DataFrame, path: Path) -> Path:
     for axis in (state_axis, time_axis):
         axis.grid(True, which="both", alpha=0.3)
         axis.legend()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=120)
+    save_figure(figure, path, dpi=120)
     plt.close(figure)
     return path
