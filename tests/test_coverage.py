@@ -52,6 +52,7 @@ def test_a_small_trial_is_held_to_the_margin_in_bytes_when_that_is_larger_than_t
     assert list(found.table["covered"]) == [True, False]
     assert list(found.table["margin MiB"]) == [30.0, 30.0]
     assert "+6.0 % or 30 MiB, whichever is larger" in found.describe()
+    assert found.covered_by_share == 0 and "the share alone, +6.0 %, covers 0/2" in found.describe()
     assert band.margin_bytes(1000 * MIB) == pytest.approx(60 * MIB, abs=1)  # the share, where it is larger
 
 
@@ -67,4 +68,5 @@ def test_the_report_takes_its_margin_from_the_held_out_trials(capsys, tmp_path):
     code = coverage.main(["--calibration", str(paths["cal"]), "--held-out", str(paths["held"]),
                           "--fresh", str(paths["fresh"])])
     out = capsys.readouterr().out
-    assert code == 0 and "coverage 20/20 = 100.0 %" in out and "safety margin +6.0 % or 30 MiB" in out and "met)" in out
+    assert code == 0 and "coverage 20/20 = 100.0 %" in out and "required: met;" in out
+    assert "safety margin +6.0 % or 30 MiB" in out

@@ -83,6 +83,7 @@ class Coverage:
     margin: ErrorBand  # the held-out band whose margin the fresh trials test
     outside_range: int  # fresh trials with a batch or length outside the calibration's range
     table: Any  # pandas DataFrame, one row per fresh trial
+    covered_by_share: int = 0  # of them under prediction x (1 + the share) alone: what the floor in bytes adds
 
     @property
     def share(self) -> float:
@@ -92,7 +93,8 @@ class Coverage:
         met = "met" if self.share >= REQUIRED_COVERAGE else "NOT met"
         return (f"coverage {self.covered}/{self.trials} = {100 * self.share:.1f} % of fresh trials under prediction "
                 f"{self.margin.describe_margin()} ({self.outside_range} of them outside the calibration's batch or "
-                f"length range; at least {100 * REQUIRED_COVERAGE:.0f} % required: {met})")
+                f"length range; at least {100 * REQUIRED_COVERAGE:.0f} % required: {met}; the share alone, "
+                f"+{100 * self.margin.safety_margin:.1f} %, covers {self.covered_by_share}/{self.trials})")
 
 
 def coverage(fresh: Iterable[Record], band: ErrorBand, calibration: Sequence[Record], held_out: Sequence[Record]
@@ -117,7 +119,9 @@ def coverage(fresh: Iterable[Record], band: ErrorBand, calibration: Sequence[Rec
     table = pd.DataFrame(rows)
     covered = int(table["covered"].sum()) if len(table) else 0
     outside = int((table["outside calibration range"] != "").sum()) if len(table) else 0
-    return Coverage(covered, len(table), band, outside, table)
+    by_share = int((table["measured MiB"] <= table["predicted MiB"] * (1 + band.safety_margin)).sum()) if len(
+        table) else 0
+    return Coverage(covered, len(table), band, outside, table, by_share)
 
 
 def report(calibration: Sequence[Record], held_out: Sequence[Record], fresh: Sequence[Record]) -> tuple[str, Coverage]:

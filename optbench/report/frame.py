@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import warnings
 from collections.abc import Iterable
 from typing import Any
 
@@ -242,7 +241,7 @@ def _summary_row(group: pd.DataFrame, of_trials: int) -> dict[str, Any]:
 
 def summarize(frame: pd.DataFrame, margin: float | None = None) -> pd.DataFrame:
     """One row per (job, optimizer, status) of the final trials: every metric of the table summarised over
-    seeds, the tuning columns, and the columns relative to the reference optimizer (`add_relative`).
+    seeds, the tuning columns, and the columns relative to the reference optimizer (`relative_columns`).
     `margin`: the verdicts' margin in the target metric's unit (points, or % of the reference); None: 1
     point for a metric in [0, 1], 2 % otherwise."""
     if frame.empty or not frame["final"].any():
@@ -253,12 +252,7 @@ def summarize(frame: pd.DataFrame, margin: float | None = None) -> pd.DataFrame:
     rows = [_summary_row(group, int(counts[(job, optimizer)]))
             for (job, optimizer, _), group in finals.groupby(["job_id", "optimizer", "status"], sort=False)]
     summary = pd.DataFrame(rows)
-    with warnings.catch_warnings():
-        # the relative columns are set cell by cell, job by job; pandas then warns the frame is "fragmented", a
-        # speed notice about a frame of a few dozen rows that a user cannot act on
-        warnings.simplefilter("ignore", pd.errors.PerformanceWarning)
-        add_relative(finals, summary, margin)
-    return summary
+    return summary.join(relative_columns(finals, summary, margin))
 
 
 def per_seed(trials: pd.DataFrame, optimizer: str, column: str = "eval_target") -> dict[int, float]:
@@ -267,28 +261,33 @@ def per_seed(trials: pd.DataFrame, optimizer: str, column: str = "eval_target") 
     return dict(zip(rows["seed"].astype(int), rows[column].astype(float), strict=True))
 
 
-def add_relative(finals: pd.DataFrame, summary: pd.DataFrame, margin: float | None) -> None:
+def relative_columns(finals: pd.DataFrame, summary: pd.DataFrame, margin: float | None) -> pd.DataFrame:
     """Per job with ok reference rows: memory saved %, speed x and the paired target-metric difference with
-    its verdict (in points for a metric in [0, 1], in % of the reference otherwise). No reference: nothing."""
+    its verdict (in points for a metric in [0, 1], in % of the reference otherwise), indexed like `summary`; every
+    row gets its job's scale and margin. No reference: nothing more. Built as one frame and joined once (setting
+    cells one by one fragments the summary)."""
+    cells: dict[Any, dict[str, Any]] = {}
     for job, every in summary.groupby("job_id", sort=False):
         trials = finals[finals["job_id"] == job]
         mode = str(every["target_mode"].iloc[0])
         scale = stats.scale_of(mode, trials["eval_target"])
-        summary.loc[every.index, "target_scale"] = scale
-        summary.loc[every.index, "margin"] = stats.DEFAULT_MARGIN[scale] if margin is None else margin
+        job_margin = stats.DEFAULT_MARGIN[scale] if margin is None else margin
+        for index in every.index:
+            cells[index] = {"target_scale": scale, "margin": job_margin}
         rows = every[every["status"] == "ok"]
         ref = rows[rows["optimizer"] == REFERENCE_OPTIMIZER]
         if ref.empty:
             continue
         ref_row = ref.iloc[0]
-        summary.loc[rows.index, MEM_SAVED] = 100 * (1 - rows[MEMORY_HEADLINE.column] / ref_row[MEMORY_HEADLINE.column])
-        summary.loc[rows.index, SPEED] = ref_row[SPEED_HEADLINE.column] / rows[SPEED_HEADLINE.column]
+        saved = 100 * (1 - rows[MEMORY_HEADLINE.column] / ref_row[MEMORY_HEADLINE.column])
+        speed = ref_row[SPEED_HEADLINE.column] / rows[SPEED_HEADLINE.column]
         reference = per_seed(trials, REFERENCE_OPTIMIZER)
         for index, row in rows.iterrows():
+            cells[index].update({MEM_SAVED: saved[index], SPEED: speed[index]})
             if row["optimizer"] != REFERENCE_OPTIMIZER:
-                found = stats.paired_verdict(per_seed(trials, row["optimizer"]), reference, mode, summary.at[
-                    index, "margin"], scale)
-                _add_verdict(summary, index, found, trials, (row, ref_row))
+                found = stats.paired_verdict(per_seed(trials, row["optimizer"]), reference, mode, job_margin, scale)
+                cells[index].update(_verdict_cells(found, trials, (row, ref_row), scale))
+    return pd.DataFrame.from_dict(cells, orient="index")
 
 
 def _arm(trials: pd.DataFrame, optimizer: str) -> bounds.Arm:
@@ -301,33 +300,31 @@ def _fully_untrained(row: pd.Series) -> bool:
     return bool(row.get("untrained")) and row.get("untrained") == row.get(f"{metrics.QUALITY_METRIC.column}_n")
 
 
-def _add_verdict(summary: pd.DataFrame, index: Any, found: stats.Verdict | None, trials: pd.DataFrame,
-                 pair: tuple[pd.Series, pd.Series]) -> None:
+def _verdict_cells(found: stats.Verdict | None, trials: pd.DataFrame, pair: tuple[pd.Series, pd.Series],
+                   scale: str) -> dict[str, Any]:
     """The paired difference, its verdict (saturated where bounds.saturation says so) and the minimum detectable
     difference; a pair where either arm did not train gets no figure, only `untrained` — with the verdict *worse*
     where the candidate alone did not train and the reference did (a job at chance is worse than one that learned,
     which is a finding; its size is not)."""
     if found is None:
-        return
+        return {}
     if any(_fully_untrained(row) for row in pair):
-        summary.loc[index, "delta_untrained"] = True
         candidate, reference = (_fully_untrained(row) for row in pair)
         if candidate and not reference and found.word == stats.WORSE:
-            summary.loc[index, ["verdict_vs_adamw", "verdict_word_vs_adamw"]] = (found.text, found.word)
-        return
+            return {"delta_untrained": True, "verdict_vs_adamw": found.text, "verdict_word_vs_adamw": found.word}
+        return {"delta_untrained": True}
     row = pair[0]
-    mode, scale, margin = str(row["target_mode"]), str(summary.at[index, "target_scale"]), found.margin
+    mode, margin = str(row["target_mode"]), found.margin
     arms = [_arm(trials, str(side["optimizer"])) for side in pair]
     why = bounds.saturation(arms, row.get("metric_ceiling"), row.get("eval_rows"), str(row["target_metric"]), mode,
                             scale, margin)
     if why and found.word in bounds.SAMENESS:
         found = dataclasses.replace(found, word=stats.SATURATED, text=f"saturated: {why}", seeds_needed=None)
     sign = 1.0 if mode == "max" else -1.0  # shown as the metric moves (perplexity up = worse)
-    summary.loc[index, ["delta_vs_adamw", "delta_vs_adamw_ci", "delta_vs_adamw_n", "delta_unit"]] = (
-        sign * found.difference.mean, found.difference.half_width, found.difference.n, found.unit)
-    summary.loc[index, ["verdict_vs_adamw", "verdict_word_vs_adamw", "verdict_excludes_zero"]] = (
-        found.text, found.word, found.excludes_zero)
-    summary.loc[index, "detectable_vs_adamw"] = found.detectable
+    return {"delta_vs_adamw": sign * found.difference.mean, "delta_vs_adamw_ci": found.difference.half_width,
+            "delta_vs_adamw_n": found.difference.n, "delta_unit": found.unit, "verdict_vs_adamw": found.text,
+            "verdict_word_vs_adamw": found.word, "verdict_excludes_zero": found.excludes_zero,
+            "detectable_vs_adamw": found.detectable}
 
 
 def time_to_target_by_job(summary: pd.DataFrame) -> dict[str, dict[str, float | None]]:
