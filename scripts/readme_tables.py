@@ -357,16 +357,16 @@ def new_entries() -> str:
             f"{said}" + (f" ({odd})" if odd else ""))
 
 
-def roofline_agreement() -> str:
+def roofline_agreement(relative: str = "roofline.jsonl") -> str:
     """The roofline of one kernel (adamw_fused) over several trials against the calibrated ceiling: its range, how
-    far the trials stray from their median, and whether any exceeds 100 %."""
-    path = RESULTS / "roofline.jsonl"
+    far the trials stray from their median, and whether any exceeds 100 % (of `relative` under results/cpu-2core)."""
+    path = RESULTS / relative
     if not path.is_file():
         return "not measured yet"
     shown = [metrics.record_values(r)["roofline_pct"] for r in read_records(path) if r.status == "ok"]
     values = [value for value in shown if value is not None]  # against a steady calibration only
     if not values:
-        return "no trial in roofline.jsonl against a steady calibration"
+        return f"no trial in {relative} against a steady calibration"
     middle = statistics.median(values)
     stray = max(abs(v / middle - 1) for v in values)
     ok = [r for r in read_records(path) if r.status == "ok" and metrics.record_values(r)["roofline_pct"] is not None]
@@ -539,6 +539,8 @@ VALUES: dict[str, Callable[[], str]] = {
     "predictor.coverage": lambda: predictor_coverage("summary"),
     "predictor.coverage-first": first_fresh_coverage,
     "roofline.agreement": roofline_agreement,
+    "roofline.thp-off": lambda: roofline_agreement("roofline-thp/off.jsonl"),
+    "roofline.thp-on": lambda: roofline_agreement("roofline-thp/on.jsonl"),
     "new-entries.summary": new_entries,
     "harness.summary": harness_summary,
     "probe.sleep": lambda: slowdown_probe("sleep"),
