@@ -105,22 +105,20 @@ def coverage(fresh: Iterable[Record], band: ErrorBand, calibration: Sequence[Rec
 
     used = {r.trial_id for r in [*calibration, *held_out]}
     ranges = shape_ranges(r for r in calibration if usable(r))
-    rows = []
+    rows, by_share = [], 0
     for r in _predicted(fresh):
         if r.trial_id in used:
             continue
-        measured, predicted = measured_peak(r), r.predicted_peak_bytes
-        margin_bytes = band.margin_bytes(predicted)  # type: ignore[arg-type]
+        measured, predicted = measured_peak(r), int(r.predicted_peak_bytes)  # type: ignore[arg-type]
+        margin_bytes = band.margin_bytes(predicted)
+        by_share += measured <= predicted * (1 + band.safety_margin)
         rows.append({"workload": r.workload, "optimizer": r.optimizer, "batch": r.batch_size, "seq": r.seq_len,
-                     "predicted MiB": predicted / MIB, "measured MiB": measured / MIB,  # type: ignore[operator]
-                     "over prediction %": 100 * (measured / predicted - 1),  # type: ignore[operator]
-                     "margin MiB": margin_bytes / MIB, "covered": measured <= predicted + margin_bytes,  # type: ignore[operator]
-                     "outside calibration range": _outside(r, ranges)})
+                     "predicted MiB": predicted / MIB, "measured MiB": measured / MIB,
+                     "over prediction %": 100 * (measured / predicted - 1), "margin MiB": margin_bytes / MIB,
+                     "covered": measured <= predicted + margin_bytes, "outside calibration range": _outside(r, ranges)})
     table = pd.DataFrame(rows)
     covered = int(table["covered"].sum()) if len(table) else 0
     outside = int((table["outside calibration range"] != "").sum()) if len(table) else 0
-    by_share = int((table["measured MiB"] <= table["predicted MiB"] * (1 + band.safety_margin)).sum()) if len(
-        table) else 0
     return Coverage(covered, len(table), band, outside, table, by_share)
 
 

@@ -5,7 +5,7 @@ colours than that, so quantizing to a 256-colour palette (Pillow, which matplotl
 looking the same at about a third of the bytes. Bytes matter here: the committed results travel to the GPU
 machine with the working tree, and a device command carries 64 MiB in all (docs/benchmarks.md, the GPU run).
 Every figure the report, the scaling table and `fit` write goes through `save_figure`; `shrink_png` re-encodes
-one already written (scripts/shrink-figures uses it on committed figures).
+one already written (scripts/shrink_figures.py uses it on committed figures).
 """
 
 from __future__ import annotations
