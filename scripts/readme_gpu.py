@@ -50,7 +50,8 @@ def gpu_part(folder: Path) -> str:
         lines += ["Every available entry at smoke size on `tiny`, checkpointed and resumed:", "",
                   _table(records["smoke-all.jsonl"], SMOKE_COLUMNS), ""]
     if records.get("lm.jsonl"):
-        lines += ["The causal LM's optimizer steps against the GPU's measured triad bandwidth:", "",
+        lines += ["The causal LM's optimizer steps against the GPU's measured bandwidth (the stream probe's fused "
+                  "AdamW kernel):", "",
                   _table(records["lm.jsonl"], LM_COLUMNS), ""]
         if any(r.optimizer_impl == HOST_SYNCED for r in records["lm.jsonl"]):
             lines += [f"`{HOST_SYNCED}`: bitsandbytes synchronises the GPU after every parameter's update, so its "

@@ -372,13 +372,42 @@ def roofline_agreement(relative: str = "roofline.jsonl") -> str:
     ok = [r for r in read_records(path) if r.status == "ok" and metrics.record_values(r)["roofline_pct"] is not None]
     steps_ms = [1e3 * r.optimizer_step_median_s for r in ok]
     levels = sorted({r.device_bandwidth_working_set_bytes for r in ok if r.device_bandwidth_working_set_bytes})
-    against = (f" against the {', '.join(f'{level / 2**20:,.0f}' for level in levels)} MiB level's ceiling of "
-               f"{ok[0].device_bandwidth_calibrated_bytes_per_s / 1e9:.1f} GB/s" if levels else "")
+    kernel = ok[0].device_bandwidth_kernel or "triad"  # records before the field were divided by a triad's
+    against = (f" against the {', '.join(f'{level / 2**20:,.0f}' for level in levels)} MiB level's {kernel} "
+               f"ceiling of {ok[0].device_bandwidth_calibrated_bytes_per_s / 1e9:.1f} GB/s" if levels else "")
     return (f"the step moves {ok[0].optimizer_step_traffic_bytes / 1e6:,.0f} MB in {min(steps_ms):.1f}–"
             f"{max(steps_ms):.1f} ms{against}: "
             f"{min(values):.1f}–{max(values):.1f} % over {len(values)} trials, each within ±{100 * stray:.1f} % of "
             f"their median ({'within' if stray <= ROOFLINE_AGREEMENT else 'outside'} the ±"
             f"{100 * ROOFLINE_AGREEMENT:.0f} % they must agree to){'; ABOVE 100 %' if max(values) > 100 else ''}")
+
+
+def kernel_width() -> str:
+    """scripts/kernel_width_probe.py: what kernels of two, three and four operands stream over the same working
+    sets (medians of their passes), and MiniLM's fused AdamW step alone against the calibrated ceilings of its
+    level, the stream kernel's now and the triad's before."""
+    path = RESULTS / "kernel-width-probe.json"
+    if not path.is_file():
+        return "not measured yet"
+    data = json.loads(path.read_text())
+    sizes = list(data["kernels"])
+    rates = {name: "/".join(f"{data['kernels'][size][name]['median_bytes_per_s'] / 1e9:.1f}" for size in sizes)
+             for name in data["kernels"][sizes[0]]}
+    step = data["minilm_fused_adamw_step"]
+    said = (f"over {'/'.join(sizes)} MiB working sets the triad streamed {rates['triad']} GB/s (medians of "
+            f"{data['rounds'] * data['passes']} passes each), `addcmul_` {rates['addcmul']}, the fused AdamW update "
+            f"{rates['fused-adamw']}; MiniLM's fused AdamW step alone in the process moved its "
+            f"{step['traffic_bytes'] / 1e6:,.0f} MB in {1e3 * step['median_s']:.2f} ms, "
+            f"{step['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s")
+    ceilings = []
+    for name, relative in (("the stream kernel's", "roofline.jsonl"), ("the triad's", "triad/roofline.jsonl")):
+        found = [r for r in read_records(RESULTS / relative) if r.device_bandwidth_calibrated_bytes_per_s] \
+            if (RESULTS / relative).is_file() else []
+        if found:
+            ceiling = found[0].device_bandwidth_calibrated_bytes_per_s
+            ceilings.append(f"{100 * step['bandwidth_bytes_per_s'] / ceiling:.0f} % of {name} ceiling "
+                            f"({ceiling / 1e9:.1f} GB/s)")
+    return said + (": " + ", ".join(ceilings) if ceilings else "")
 
 
 def probe(kind: str) -> str:
@@ -539,6 +568,8 @@ VALUES: dict[str, Callable[[], str]] = {
     "predictor.coverage": lambda: predictor_coverage("summary"),
     "predictor.coverage-first": first_fresh_coverage,
     "roofline.agreement": roofline_agreement,
+    "roofline.agreement-triad": lambda: roofline_agreement("triad/roofline.jsonl"),
+    "roofline.kernel-width": kernel_width,
     "roofline.thp-off": lambda: roofline_agreement("roofline-thp/off.jsonl"),
     "roofline.thp-on": lambda: roofline_agreement("roofline-thp/on.jsonl"),
     "new-entries.summary": new_entries,

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from optbench.__main__ import main
-from optbench.probes import bandwidth, measure, triad
+from optbench.probes import bandwidth, measure, stream
 from optbench.records.environment import machine_key
 from optbench.records.record import Record, read_records
 from optbench.report import metrics
@@ -22,7 +22,7 @@ CPU = torch.device("cpu")
 
 @pytest.fixture
 def small_buffers(monkeypatch):
-    monkeypatch.setattr(triad, "last_level_cache_bytes", lambda: 2 * 2**20)  # 4 MiB operands: quick
+    monkeypatch.setattr(stream, "last_level_cache_bytes", lambda: 2 * 2**20)  # 4 MiB operands: quick
 
 
 def test_a_calibration_is_many_passes_with_its_ceiling_a_high_quantile(small_buffers):
@@ -38,14 +38,15 @@ def test_a_calibration_measures_every_working_set_from_the_probes_down():
     assert bandwidth.level_operand_bytes(2**30, 4) == [2**30, 2**29, 2**28, 2**27]
 
 
-def test_calibrated_levels_are_two_operands_each_largest_first(small_buffers):
+def test_calibrated_levels_are_four_operands_each_largest_first(small_buffers):
     found = bandwidth.calibrate(CPU, "m", "cpu", {}, rounds=1, passes=2, levels=3)
     # Two passes of a small level may read unsteady on a busy machine and be left out (kept in unsteady_levels):
     # every level is measured, the kept ones largest first.
     kept = [level.working_set_bytes for level in found.levels]
     measured = kept + [level.working_set_bytes for level in found.unsteady_levels]
     assert sorted(measured, reverse=True) == [8 * 2**20, 4 * 2**20, 2 * 2**20] and kept == sorted(kept, reverse=True)
-    assert found.levels[0].ceiling_bytes_per_s == found.ceiling_bytes_per_s and found.buffer_bytes == 4 * 2**20
+    assert found.levels[0].ceiling_bytes_per_s == found.ceiling_bytes_per_s and found.buffer_bytes == 2 * 2**20
+    assert found.kernel == stream.KERNEL and found.operands == 4 and found.memory_level.working_set_bytes == 8 * 2**20
 
 
 def _levelled(machine: str = "m") -> bandwidth.BandwidthCalibration:
@@ -61,8 +62,8 @@ def _levelled(machine: str = "m") -> bandwidth.BandwidthCalibration:
 
 @pytest.mark.parametrize("working_set_mib, level_mib", [(2048, 1024), (1024, 1024), (364, 256), (100, 64), (8, 64)])
 def test_a_step_divides_by_the_largest_working_set_calibrated_no_larger_than_its_own(working_set_mib, level_mib):
-    """A step whose weights, grads and state fit a cache streams at that cache's speed: divided by the memory's
-    bandwidth it would read above 100 % (MiniLM's fused AdamW step, 364 MB, on a host with a 480 MiB cache)."""
+    """A step whose weights, grads and state fit a cache of its own streams at that cache's speed: divided by the
+    memory's bandwidth it would read above 100 %."""
     assert _levelled().level_for(working_set_mib * 2**20).working_set_bytes == level_mib * 2**20
     assert _levelled().level_for(None).working_set_bytes == 1024 * 2**20
 
@@ -95,7 +96,7 @@ def _calibration(machine: str, low: float = 4.4e10, high: float = 6e10) -> bandw
     return bandwidth.BandwidthCalibration(machine=machine, device_name="cpu", threads=2, ceiling_bytes_per_s=high,
                                           quantiles_bytes_per_s={"0.05": low, "0.25": 4.5e10, "0.5": 5e10,
                                                                  "0.75": 5.5e10, "0.95": high},
-                                          passes=200, buffer_bytes=2**27)
+                                          passes=200, buffer_bytes=2**27, kernel=stream.KERNEL)
 
 
 def test_the_file_is_per_machine_in_the_users_cache_and_round_trips(tmp_path, monkeypatch):
@@ -118,6 +119,28 @@ def test_without_a_file_or_with_another_machines_the_roofline_is_uncalibrated(tm
     assert found is None and source == f"uncalibrated: {other} is for other-machine, this is this-machine"
     other.write_text("{not json")
     assert bandwidth.load_for("this-machine")[1].startswith(f"uncalibrated: {other}: not a bandwidth calibration")
+
+
+def test_a_file_measured_with_the_triad_is_not_this_probes_ceiling(tmp_path, monkeypatch):
+    """A triad (`a += s * b`, two operands) was beaten by the fused AdamW step it was the ceiling of: a file from
+    before the stream kernel names no kernel, reads as the triad's, and is not used until calibrated again."""
+    path = bandwidth.save(_calibration("this-machine"), tmp_path / "old.json")
+    data = json.loads(path.read_text())
+    del data["kernel"]
+    path.write_text(json.dumps(data))
+    old = bandwidth.read(path)
+    assert old.kernel == bandwidth.TRIAD and old.operands == 2 and old.memory_level.working_set_bytes == 2 * 2**27
+    monkeypatch.setenv(bandwidth.FILE_ENV, str(path))
+    found, source = bandwidth.load_for("this-machine")
+    assert found is None and source == (f"uncalibrated: {path} was measured with the triad kernel, the probe now runs "
+                                        "fused-adamw (run `python -m optbench calibrate-bandwidth` again)")
+
+
+def test_a_record_stamps_the_kernel_of_its_calibration():
+    record = Record(optimizer_step_traffic_bytes=10**9)
+    measure.describe_speed(record, [0.1] * 3, [0.05] * 3)
+    describe.describe_bandwidth(record, [5e10] * 3, _calibration("m"), "file.json")
+    assert record.device_bandwidth_kernel == stream.KERNEL
 
 
 @pytest.mark.parametrize("probe,disagrees", [(5e10, False), (4.4e10, False), (4.3e10, True), (6.1e10, True)])
@@ -203,15 +226,16 @@ def test_no_committed_roofline_above_one_is_reported_as_a_share():
             assert summary["roofline_pct_invalid"].fillna(0).sum() == len(above), path
 
 
-def test_a_trials_probe_streams_its_steps_working_set_not_twice_the_cache(monkeypatch):
-    """Calibrated: the level the roofline divides by. Uncalibrated: half the step's working set per operand, between
-    1 MiB and the memory level's operands (on a host with a 480 MiB cache that level was 1.9 GB a call)."""
-    monkeypatch.setattr(triad, "last_level_cache_bytes", lambda: 480 * 2**20)
-    assert bandwidth.probe_operand_bytes(CPU, 364 * 2**20, _levelled()) == 128 * 2**20  # the 256 MiB level
-    assert bandwidth.probe_operand_bytes(CPU, 364 * 2**20, None) == 182 * 2**20
+def test_a_trials_probe_streams_its_steps_working_set_not_the_memory_level(monkeypatch):
+    """Calibrated: the level the roofline divides by, one operand of four. Uncalibrated: a quarter of the step's
+    working set per operand, between 1 MiB and the memory level's operands (on a host with a 480 MiB cache that
+    level was 1.9 GB a call)."""
+    monkeypatch.setattr(stream, "last_level_cache_bytes", lambda: 480 * 2**20)
+    assert bandwidth.probe_operand_bytes(CPU, 364 * 2**20, _levelled()) == 64 * 2**20  # the 256 MiB level
+    assert bandwidth.probe_operand_bytes(CPU, 364 * 2**20, None) == 91 * 2**20
     assert bandwidth.probe_operand_bytes(CPU, 10_000, None) == 2**20
-    assert bandwidth.probe_operand_bytes(CPU, 10 * 2**30, None) == 960 * 2**20
-    assert bandwidth.probe_operand_bytes(CPU, None, None) == 960 * 2**20
+    assert bandwidth.probe_operand_bytes(CPU, 10 * 2**30, None) == 480 * 2**20
+    assert bandwidth.probe_operand_bytes(CPU, None, None) == 480 * 2**20
 
 
 def test_a_trial_probes_its_working_set_and_records_it():

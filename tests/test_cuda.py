@@ -18,7 +18,7 @@ import torch
 from _overflow import overflow_at
 
 from optbench.job.spec import TrialSpec
-from optbench.probes import measure, slowdown, triad
+from optbench.probes import measure, slowdown, stream
 from optbench.trial.run import run_trial
 
 pytestmark = pytest.mark.cuda
@@ -75,7 +75,7 @@ def test_a_pause_keeps_an_evaluations_cache_out_of_the_reserved_peak():
 def test_the_bandwidth_probe_warms_the_clock_up_first():
     cuda = need_gpus(1, "back-to-back passes before the timed ones")
     a = torch.ones(64 * 2**20, device=cuda)
-    passes = triad.warm_up_clocks(cuda, lambda: a.add_(1.0))
+    passes = stream.warm_up_clocks(cuda, lambda: a.add_(1.0))
     assert passes > 1  # a 256 MiB pass lasts well under the warm-up
 
 
@@ -194,7 +194,7 @@ def test_the_memory_cap_goes_to_the_current_gpu():
 def test_the_bandwidth_probe_leaves_no_reserved_memory_behind():
     cuda = need_gpus(1, "the triad bandwidth probe with CUDA events")
     reserved = torch.cuda.memory_reserved(cuda)
-    rates = triad.triad_bandwidth_samples(cuda, samples=3)
+    rates = stream.stream_bandwidth_samples(cuda, samples=3)
     assert len(rates) == 3 and min(rates) > 1e11  # any GPU moves > 100 GB/s; the 512 MiB operands time well
     assert torch.cuda.memory_reserved(cuda) <= reserved + 2**20
 

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import torch
 
-from optbench.probes import HOST_SYNCED, measure, triad
+from optbench.probes import HOST_SYNCED, measure, stream
 from optbench.records.record import MIB, Record
 from optbench.report.render import notes
 
@@ -64,27 +64,27 @@ def test_an_evaluations_cached_blocks_do_not_become_the_reserved_peak(monkeypatc
 
 def test_the_warm_up_keeps_the_gpu_busy_long_enough_for_its_clock_to_rise():
     # an H200 triad pass over 512 MiB lasts ~0.37 ms at full clock: hundreds of passes make a quarter second
-    assert triad.warm_up_pass_count(0.37e-3) == 676
-    assert triad.warm_up_pass_count(0.37e-3, warm_up_s=0.5) == 1352
-    assert triad.warm_up_pass_count(2.0) == 1  # a pass longer than the warm-up: one is enough
-    assert triad.warm_up_pass_count(1e-9) == triad.MOST_WARM_UP_PASSES  # bounded
-    assert triad.warm_up_pass_count(0.0) == triad.MOST_WARM_UP_PASSES
+    assert stream.warm_up_pass_count(0.37e-3) == 676
+    assert stream.warm_up_pass_count(0.37e-3, warm_up_s=0.5) == 1352
+    assert stream.warm_up_pass_count(2.0) == 1  # a pass longer than the warm-up: one is enough
+    assert stream.warm_up_pass_count(1e-9) == stream.MOST_WARM_UP_PASSES  # bounded
+    assert stream.warm_up_pass_count(0.0) == stream.MOST_WARM_UP_PASSES
 
 
 def test_the_warm_up_does_nothing_on_cpu():
     calls = []
-    assert triad.warm_up_clocks(torch.device("cpu"), lambda: calls.append(1)) == 0 and calls == []
+    assert stream.warm_up_clocks(torch.device("cpu"), lambda: calls.append(1)) == 0 and calls == []
 
 
 def test_the_allocators_room_under_a_cap(monkeypatch):
-    assert triad.room_bytes(free_bytes=50, total_bytes=100, fraction=1.0, reserved_bytes=30) == 50
-    assert triad.room_bytes(free_bytes=50, total_bytes=100, fraction=0.25, reserved_bytes=5) == 20
-    assert triad.room_bytes(free_bytes=50, total_bytes=100, fraction=0.25, reserved_bytes=40) == 0
+    assert stream.room_bytes(free_bytes=50, total_bytes=100, fraction=1.0, reserved_bytes=30) == 50
+    assert stream.room_bytes(free_bytes=50, total_bytes=100, fraction=0.25, reserved_bytes=5) == 20
+    assert stream.room_bytes(free_bytes=50, total_bytes=100, fraction=0.25, reserved_bytes=40) == 0
     allocator = FakeAllocator(monkeypatch, total_bytes=1000)
     allocator.take(100)
     # the cap's reader must exist at the torch floor: monkeypatch refuses to fake a function torch lacks
     monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda device=None: 0.5)
-    assert triad.cuda_room_bytes(CUDA0) == 400
+    assert stream.cuda_room_bytes(CUDA0) == 400
 
 
 class _Optimizer8bit:

@@ -163,11 +163,11 @@ def test_step_samples_keep_skipped_steps_out_of_the_first_step_and_the_medians()
 
 
 def test_native_fp16_skipped_steps_stay_out_of_first_step_and_medians(monkeypatch):
-    from optbench.probes import triad
+    from optbench.probes import stream
 
     TickingClock(per_step=True).install(monkeypatch)  # step k's marks tick by k + 1: its time says which step
     # no marks but the steps'
-    monkeypatch.setattr(triad, "triad_bandwidth_samples", lambda device, samples, operand=None: [])
+    monkeypatch.setattr(stream, "stream_bandwidth_samples", lambda device, samples, operand=None: [])
     overflow_at(monkeypatch, {0, 3}, cpu_scaler=True)  # a GradScaler on CPU, inf gradients at steps 0, 3
     record = run_trial(TrialSpec(optimizer="adamw", precision="fp16-autocast", fidelity=True,
                                  **{**TINY, "warmup_steps": 1}))

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.utils._pytree import tree_map
 
-from optbench.probes import measure, slowdown, timing, triad
+from optbench.probes import measure, slowdown, stream, timing
 from optbench.probes.timing import STEP_MARKS
 from optbench.records.record import Record
 
@@ -99,18 +99,38 @@ def test_step_seconds_adds_the_three_timed_intervals_and_leaves_the_gaps_out():
     assert timer.step_seconds() == (2.0 + 1.5 + 0.5, 1.5)
 
 
-def test_triad_bandwidth_on_cpu_is_one_rate_per_pass(monkeypatch):
-    monkeypatch.setattr(triad, "last_level_cache_bytes", lambda: 2 * 2**20)  # 4 MiB operands: quick
-    rates = triad.triad_bandwidth_samples(torch.device("cpu"), samples=3)
+def test_stream_bandwidth_on_cpu_is_one_rate_per_pass(monkeypatch):
+    monkeypatch.setattr(stream, "last_level_cache_bytes", lambda: 2 * 2**20)  # 2 MiB operands: quick
+    rates = stream.stream_bandwidth_samples(torch.device("cpu"), samples=3)
     assert len(rates) == 3 and min(rates) > 1e8  # any memory system moves more than 100 MB/s
+
+
+class _SecondTimer:
+    """A StepTimer whose every interval lasts one second: a rate is then the bytes a pass is counted to move."""
+
+    def __init__(self, device):
+        pass
+
+    def mark(self, name):
+        pass
+
+    def seconds(self, start, end):
+        return 1.0
+
+
+def test_a_stream_pass_counts_the_bytes_an_adamw_step_moves(monkeypatch):
+    """Four operands (weights, gradients, two moments): weights and moments read and written, gradients read: 7 x
+    the operand, as optimizers/base.py counts a step's traffic (3 x weights + 2 x state)."""
+    monkeypatch.setattr(stream, "StepTimer", _SecondTimer)
+    assert stream.stream_bandwidth_samples(torch.device("cpu"), samples=2, operand_bytes=2**20) == [7 * 2**20] * 2
 
 
 def test_cuda_bandwidth_buffer_is_large_but_never_the_trials_oom():
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
-    assert triad.bandwidth_buffer_bytes(cuda) == 512 * 2**20  # events time a pass of this well
-    assert triad.bandwidth_buffer_bytes(cuda, room_bytes=80 * 2**30) == 512 * 2**20
-    assert triad.bandwidth_buffer_bytes(cuda, room_bytes=400 * 2**20) == 100 * 2**20  # under a --max-memory cap
-    assert triad.bandwidth_buffer_bytes(cpu, room_bytes=1) == 2 * triad.last_level_cache_bytes()
+    assert stream.bandwidth_buffer_bytes(cuda) == 512 * 2**20  # events time a pass of this well
+    assert stream.bandwidth_buffer_bytes(cuda, room_bytes=80 * 2**30) == 512 * 2**20
+    assert stream.bandwidth_buffer_bytes(cuda, room_bytes=400 * 2**20) == 80 * 2**20  # four operands and a spare
+    assert stream.bandwidth_buffer_bytes(cpu, room_bytes=1) == stream.last_level_cache_bytes()
 
 
 class _FakeDevice:
@@ -247,9 +267,9 @@ def test_a_peak_rss_that_cannot_be_reset_is_said_not_silently_recorded(monkeypat
 
 
 def test_a_guessed_cache_size_is_said(monkeypatch, tmp_path):
-    monkeypatch.setattr(triad, "_CPU_CACHE", tmp_path)  # a sysfs folder without cache entries
+    monkeypatch.setattr(stream, "_CPU_CACHE", tmp_path)  # a sysfs folder without cache entries
     with pytest.warns(measure.MeasurementWarning, match="assumes a 32 MiB last-level cache"):
-        assert triad.last_level_cache_bytes() == triad.GUESSED_CACHE_BYTES
+        assert stream.last_level_cache_bytes() == stream.GUESSED_CACHE_BYTES
 
 
 def test_the_slowdown_knob_reaches_production_code_through_one_seam():

@@ -9,7 +9,7 @@ import pytest
 
 from optbench import optimizers
 from optbench.job.spec import TrialSpec
-from optbench.probes import measure, triad
+from optbench.probes import measure, stream
 from optbench.trial.run import run_trial
 
 TINY = dict(workload="tiny", device="cpu", steps=6, warmup_steps=2, batch_size=4, seq_len=16, eval_size=24)
@@ -115,7 +115,7 @@ def test_trial_id_is_stable_and_settings_sensitive():
 def test_what_the_probes_could_not_measure_is_kept_on_the_record_once(monkeypatch, tmp_path):
     """A trial runs in a child whose log nobody reads: the probes' warnings travel on its record (each once)."""
     monkeypatch.setattr(measure, "_CLEAR_REFS", tmp_path / "no-such-folder" / "clear_refs")
-    monkeypatch.setattr(triad, "_CPU_CACHE", tmp_path)
+    monkeypatch.setattr(stream, "_CPU_CACHE", tmp_path)
     record = run_trial(TrialSpec(optimizer="adamw", **TINY))
     assert record.status == "ok", record.error
     cache, rss = record.measurement_warnings  # the bandwidth probe ran twice, the peaks were reset several times
@@ -128,13 +128,13 @@ def test_a_librarys_own_warning_during_a_trial_is_shown_once_and_not_kept_on_the
     usual, once, and the trial goes on (re-showing it inside the catching block caught it again, forever)."""
     import warnings
 
-    samples = triad.triad_bandwidth_samples
+    samples = stream.stream_bandwidth_samples
 
     def warning_triad(device, count, *operand):
         warnings.warn("a library's notice", UserWarning, stacklevel=2)
         return samples(device, count, *operand)
 
-    monkeypatch.setattr(triad, "triad_bandwidth_samples", warning_triad)
+    monkeypatch.setattr(stream, "stream_bandwidth_samples", warning_triad)
     with pytest.warns(UserWarning, match="a library's notice") as shown:
         record = run_trial(TrialSpec(optimizer="adamw", **TINY))
     assert record.status == "ok", record.error
@@ -157,7 +157,7 @@ def test_the_roofline_divides_by_the_machines_calibration_and_the_trials_probe_i
     calibration = bandwidth.BandwidthCalibration(
         machine=machine, device_name="test", threads=torch.get_num_threads(), ceiling_bytes_per_s=1e11,
         quantiles_bytes_per_s={"0.05": wide[0], "0.25": 1e11, "0.5": 1e11, "0.75": 1e11, "0.95": wide[1]},
-        passes=3, buffer_bytes=1)
+        passes=3, buffer_bytes=1, kernel=stream.KERNEL)
     path = bandwidth.save(calibration, bandwidth.default_path(machine))
     try:
         record = run_trial(TrialSpec(optimizer="adamw", **TINY))

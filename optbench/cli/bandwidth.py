@@ -14,7 +14,7 @@ from optbench.records import exits
 def calibrate_bandwidth_command(args: argparse.Namespace) -> int:
     import torch
 
-    from optbench.probes import bandwidth
+    from optbench.probes import bandwidth, stream
     from optbench.records.environment import environment, machine_key
     from optbench.trial.run import device_name, resolve_device
 
@@ -28,8 +28,8 @@ def calibrate_bandwidth_command(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     machine = machine_key(device)
     path = Path(args.out) if args.out else bandwidth.default_path(machine)
-    print(f"optbench calibrate-bandwidth: {args.rounds} rounds x {args.passes} triad passes on {device} "
-          f"({torch.get_num_threads()} threads)...", file=sys.stderr, flush=True)
+    print(f"optbench calibrate-bandwidth: {args.rounds} rounds x {args.passes} passes of the {stream.KERNEL} kernel "
+          f"on {device} ({torch.get_num_threads()} threads)...", file=sys.stderr, flush=True)
     try:
         found = bandwidth.calibrate(device, machine, device_name(device), environment(device), args.rounds,
                                     args.passes)

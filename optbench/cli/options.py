@@ -249,8 +249,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_bandwidth_parser(commands) -> None:
     calibrate = commands.add_parser("calibrate-bandwidth",
-                                    help="measure this machine's memory bandwidth once (many triad passes) into a "
-                                         "per-machine file that every trial's roofline divides by")
+                                    help="measure this machine's memory bandwidth once (many passes of fused "
+                                         "AdamW's update) into a per-machine file that every trial's roofline "
+                                         "divides by")
     calibrate.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     calibrate.add_argument("--threads", type=positive_int,
                            help="torch threads to measure with (default: torch's; a CPU file is per thread count, "

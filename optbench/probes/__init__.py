@@ -1,6 +1,6 @@
 """Measuring instruments, each written once: optimizer-state bytes and peak memory (`measure.py`), step and
 optimizer-step timing (`timing.py`), update fidelity against an fp32 shadow AdamW (`fidelity.py`), device
-bandwidth (the triad probe in `triad.py`; the machine's calibration, measured once, in `bandwidth.py`). The
+bandwidth (the stream probe in `stream.py`; the machine's calibration, measured once, in `bandwidth.py`). The
 trial, the HF Trainer callback and the benchmark suite all measure through these. A probe that cannot measure as
 it should says so (`measure.MeasurementWarning`). `slowdown.py` is a test-only knob, reached by production code
 through one seam (`Setup.install_optimizer`).

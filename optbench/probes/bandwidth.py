@@ -2,25 +2,28 @@
 
 A ceiling measured inside each trial on a shared machine is noise: per-trial triad medians ranged 12.6-56.6 GB/s
 across one machine's records, and the same fused AdamW kernel read 79-109 % "of the roofline" in four trials.
-`calibrate` runs the trial probe's own kernel (an in-place triad `a += s * b`, triad.triad_bandwidth_samples)
+`calibrate` runs the trial probe's own kernel (torch's fused AdamW update over four operands,
+stream.stream_bandwidth_samples: a ceiling must be one the widest step cannot beat, and a triad was beaten by 7 %)
 for many passes after a warm-up round and keeps a high quantile as the ceiling, with the quantiles that show its
-spread, at several **working sets**: the probe's own (two operands of twice the last-level cache: memory), and
-halving down to an eighth of the cache. What a step can stream depends on where its data lives: a model whose
-weights, gradients and state fit in a large last-level cache (the 2-core hosts here have had 32 to 480 MiB) steps
-at the cache's speed, and divided by the memory's bandwidth its roofline reads above 100 % (the fused AdamW step
-of MiniLM, 364 MB of data, read 99-115 % against a 2 x 420 MiB triad on a host with a 480 MiB cache). A trial's
+spread, at several **working sets**: the probe's own (four operands of the last-level cache: memory), and halving
+down to an eighth of the cache. What a step can stream may depend on where its data lives: a model whose weights,
+gradients and state fit in a last-level cache that is really its own steps at the cache's speed. A trial's
 roofline divides by the ceiling of the largest working set calibrated that is no larger than its step's own
 (`level_for`: weights + grads + state): the most the cache could have given it, so the share is never flattered.
+(On the 2-core hosts here, which report 480 MiB of L3 shared with other guests, the levels down to 240 MiB read
+the memory's speed, and the smaller ones were unsteady.)
 `save` writes it to a per-machine file in the user's cache — `$OPTBENCH_CACHE`, else `$XDG_CACHE_HOME/optbench`,
 else `~/.cache/optbench` — named by the device (CPU model, or GPU name) and torch's thread count, since a CPU's
 reachable bandwidth depends on how many threads stream; `$OPTBENCH_BANDWIDTH_FILE` names a file instead. Never
-inside the installed package.
+inside the installed package. A file measured with another kernel (the triad, before) is not used: its ceiling is
+not this probe's, and the trial's probe could not check it.
 
 Every trial stamps the calibration it found (`describe_bandwidth`): the ceiling its working set divides by, that
-level's spread and working set, and its source, or "uncalibrated", and the roofline divides by the ceiling only
-(none without a calibration). The trial's own short probe streams the same level (`probe_operand_bytes`; without
-a calibration, a buffer of the step's own size) and stays on the record as a check: outside that level's 5-95 %
-range it is flagged as disagreeing (the machine was busier, or other, than when it was calibrated).
+level's spread and working set, the kernel and its source, or "uncalibrated", and the roofline divides by the
+ceiling only (none without a calibration). The trial's own short probe streams the same level
+(`probe_operand_bytes`; without a calibration, operands of the step's own size) and stays on the record as a
+check: outside that level's 5-95 % range it is flagged as disagreeing (the machine was busier, or other, than
+when it was calibrated).
 """
 
 from __future__ import annotations
@@ -34,11 +37,12 @@ from typing import Any
 
 import torch
 
-from optbench.probes import STEADY_SHARE, measure, steady_calibration, triad
+from optbench.probes import STEADY_SHARE, measure, steady_calibration, stream
 
 CACHE_ENV = "OPTBENCH_CACHE"
 FILE_ENV = "OPTBENCH_BANDWIDTH_FILE"
 UNCALIBRATED = "uncalibrated"
+TRIAD = "triad"  # the kernel calibrations were measured with before stream.KERNEL: `a += s * b`, two operands
 CEILING_QUANTILE = 0.95  # the ceiling: passes a neighbour slowed sit below it, the machine's own best near it
 QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
 ROUNDS, PASSES = 10, 20  # 200 timed passes; each round re-allocates and pages in its buffers, then warms the kernel
@@ -51,7 +55,8 @@ class BandwidthError(ValueError):
 
 @dataclass(frozen=True)
 class BandwidthLevel:
-    """The triad's bandwidth at one working set (both operands), over many passes: its ceiling and spread."""
+    """The probe kernel's bandwidth at one working set (all its operands), over many passes: its ceiling and
+    spread."""
 
     working_set_bytes: int
     ceiling_bytes_per_s: float  # the CEILING_QUANTILE of the passes
@@ -75,9 +80,9 @@ class BandwidthLevel:
 
 @dataclass(frozen=True)
 class BandwidthCalibration:
-    """One machine's triad bandwidth over many passes: the ceiling a roofline divides by, and its spread. The
-    top-level figures are the memory level's (the working set the trial probe streams); `levels` adds the smaller
-    working sets, largest first (files from before them hold the memory level alone)."""
+    """One machine's bandwidth over many passes of the probe kernel: the ceiling a roofline divides by, and its
+    spread. The top-level figures are the memory level's (the working set the trial probe streams); `levels` adds
+    the smaller working sets, largest first (files from before them hold the memory level alone)."""
 
     machine: str  # the key the file is found by: device kind, name, model, threads
     device_name: str
@@ -92,6 +97,12 @@ class BandwidthCalibration:
     # smaller working sets measured but left out: unsteady (a shared cache's speed moves with its neighbours); kept
     # here, as measured, so the file says why a step of that size divides by a larger level's ceiling
     unsteady_levels: tuple[BandwidthLevel, ...] = ()
+    kernel: str = TRIAD  # the probe kernel it was measured with (stream.KERNEL); files without the field: the triad
+
+    @property
+    def operands(self) -> int:
+        """How many operands of `buffer_bytes` one of its passes streams: its working set per operand."""
+        return stream.OPERANDS if self.kernel == stream.KERNEL else 2
 
     def level_for(self, working_set_bytes: int | None) -> BandwidthLevel:
         """The level a step whose data spans `working_set_bytes` divides by: the largest calibrated working set no
@@ -104,7 +115,8 @@ class BandwidthCalibration:
 
     @property
     def memory_level(self) -> BandwidthLevel:
-        return BandwidthLevel(2 * self.buffer_bytes, self.ceiling_bytes_per_s, self.quantiles_bytes_per_s, self.passes)
+        return BandwidthLevel(self.operands * self.buffer_bytes, self.ceiling_bytes_per_s, self.quantiles_bytes_per_s,
+                              self.passes)
 
     @property
     def spread_bytes_per_s(self) -> float:
@@ -118,8 +130,8 @@ class BandwidthCalibration:
         return self.memory_level.steady and all(level.steady for level in self.levels)
 
     def describe(self) -> str:
-        lines = [f"{self.machine}: the {CEILING_QUANTILE:.0%} quantile of the triad's passes per working set "
-                 "(two operands):"]
+        lines = [f"{self.machine}: the {CEILING_QUANTILE:.0%} quantile of the {self.kernel} kernel's passes per "
+                 f"working set ({self.operands} operands):"]
         shown = (*(self.levels or (self.memory_level,)), *self.unsteady_levels)
         for level in sorted(shown, key=lambda lv: -lv.working_set_bytes):
             q = {key: value / 1e9 for key, value in level.quantiles_bytes_per_s.items()}
@@ -148,22 +160,22 @@ def default_path(machine: str) -> Path:
 
 def level_operand_bytes(memory_operand_bytes: int, levels: int = LEVELS) -> list[int]:
     """The operand sizes calibrated, largest first: the probe's own, then halving `levels - 1` times (on a CPU from
-    twice the last-level cache down to a sixteenth of it, so every working set from deep inside the cache to far
+    the last-level cache down to a thirty-second of it, so every working set from deep inside the cache to far
     past it has a level)."""
     return [max(1, memory_operand_bytes >> k) for k in range(levels)]
 
 
 def measure_level(device: torch.device, operand_bytes: int, rounds: int, passes: int) -> BandwidthLevel | None:
-    """Many triad passes over two operands of `operand_bytes`, after one untimed round that warms the kernel and
-    the allocator; None where the device has no room for them."""
+    """Many passes of the probe kernel over operands of `operand_bytes`, after one untimed round that warms the
+    kernel and the allocator; None where the device has no room for them."""
     import numpy as np
 
-    triad.triad_bandwidth_samples(device, passes, operand_bytes)  # warm-up round, discarded
-    rates = [rate for _ in range(rounds) for rate in triad.triad_bandwidth_samples(device, passes, operand_bytes)]
+    stream.stream_bandwidth_samples(device, passes, operand_bytes)  # warm-up round, discarded
+    rates = [rate for _ in range(rounds) for rate in stream.stream_bandwidth_samples(device, passes, operand_bytes)]
     if not rates:
         return None
     values = np.quantile(rates, [CEILING_QUANTILE, *QUANTILES])
-    return BandwidthLevel(working_set_bytes=2 * operand_bytes, ceiling_bytes_per_s=float(values[0]),
+    return BandwidthLevel(working_set_bytes=stream.OPERANDS * operand_bytes, ceiling_bytes_per_s=float(values[0]),
                           quantiles_bytes_per_s={f"{q:g}": float(v) for q, v in zip(QUANTILES, values[1:],
                                                                                     strict=True)},
                           passes=len(rates))
@@ -171,11 +183,11 @@ def measure_level(device: torch.device, operand_bytes: int, rounds: int, passes:
 
 def calibrate(device: torch.device, machine: str, device_name: str, env: dict[str, Any], rounds: int = ROUNDS,
               passes: int = PASSES, levels: int = LEVELS) -> BandwidthCalibration:
-    """Many triad passes on `device` with torch's current threads at each working set (level_operand_bytes): the
-    ceilings and the quantiles of their spread. `machine`, `device_name` and `env` say what was measured (the
-    caller's environment stamp)."""
-    room = triad.cuda_room_bytes(device) if device.type == "cuda" else None
-    memory_operand = triad.bandwidth_buffer_bytes(device, room)
+    """Many passes of the probe kernel on `device` with torch's current threads at each working set
+    (level_operand_bytes): the ceilings and the quantiles of their spread. `machine`, `device_name` and `env` say
+    what was measured (the caller's environment stamp)."""
+    room = stream.cuda_room_bytes(device) if device.type == "cuda" else None
+    memory_operand = stream.bandwidth_buffer_bytes(device, room)
     measured = [measure_level(device, size, rounds, passes) for size in level_operand_bytes(memory_operand, levels)]
     found = tuple(level for level in measured if level is not None)
     if not found or measured[0] is None:
@@ -185,7 +197,7 @@ def calibrate(device: torch.device, machine: str, device_name: str, env: dict[st
     return BandwidthCalibration(
         machine=machine, device_name=device_name, threads=torch.get_num_threads(),
         ceiling_bytes_per_s=memory.ceiling_bytes_per_s, quantiles_bytes_per_s=memory.quantiles_bytes_per_s,
-        passes=memory.passes, buffer_bytes=memory_operand,
+        passes=memory.passes, buffer_bytes=memory_operand, kernel=stream.KERNEL,
         measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), env=env, levels=kept,
         unsteady_levels=tuple(level for level in found[1:] if not level.steady))
 
@@ -196,17 +208,18 @@ MIN_PROBE_OPERAND_BYTES = 2**20  # a trial probe's operands at least (a tiny mod
 def probe_operand_bytes(device: torch.device, working_set_bytes: int | None,
                         calibration: BandwidthCalibration | None) -> int:
     """The operand size a trial's own probe streams: the calibrated level its step divides by (`level_for`), so the
-    probe checks the ceiling its roofline uses; uncalibrated, half the step's working set, between 1 MiB (16 MiB on
-    CUDA) and the memory level's operands. A step's data, not 2x the cache: on a host with a 480 MiB cache the
-    memory-level probe allocated 1.9 GB and took 1.8 s a call on one thread, twice per trial."""
-    floor = triad.MIN_CUDA_BANDWIDTH_OPERAND_BYTES if device.type == "cuda" else MIN_PROBE_OPERAND_BYTES
+    probe checks the ceiling its roofline uses; uncalibrated, a quarter of the step's working set (one operand of
+    four), between 1 MiB (16 MiB on CUDA) and the memory level's operands. A step's data, not the memory level's:
+    on a host with a 480 MiB cache the memory-level probe allocated 1.9 GB and took 1.8 s a call on one thread,
+    twice per trial."""
+    floor = stream.MIN_CUDA_BANDWIDTH_OPERAND_BYTES if device.type == "cuda" else MIN_PROBE_OPERAND_BYTES
     if calibration is not None:
-        return max(floor, calibration.level_for(working_set_bytes).working_set_bytes // 2)
-    room = triad.cuda_room_bytes(device) if device.type == "cuda" else None
-    memory = triad.bandwidth_buffer_bytes(device, room)
+        return max(floor, calibration.level_for(working_set_bytes).working_set_bytes // calibration.operands)
+    room = stream.cuda_room_bytes(device) if device.type == "cuda" else None
+    memory = stream.bandwidth_buffer_bytes(device, room)
     if working_set_bytes is None:
         return memory
-    return max(min(floor, memory), min(memory, working_set_bytes // 2))
+    return max(min(floor, memory), min(memory, working_set_bytes // stream.OPERANDS))
 
 
 def save(calibration: BandwidthCalibration, path: Path) -> Path:
@@ -244,6 +257,9 @@ def load_for(machine: str) -> tuple[BandwidthCalibration | None, str]:
         return None, f"{UNCALIBRATED}: {exc}"
     if found.machine != machine:
         return None, f"{UNCALIBRATED}: {path} is for {found.machine}, this is {machine}"
+    if found.kernel != stream.KERNEL:
+        return None, (f"{UNCALIBRATED}: {path} was measured with the {found.kernel} kernel, the probe now runs "
+                      f"{stream.KERNEL} (run `python -m optbench calibrate-bandwidth` again)")
     return found, str(path)
 
 
@@ -260,5 +276,6 @@ def describe_bandwidth(record: Any, probe_samples: list[float], calibration: Ban
     record.device_bandwidth_calibrated_bytes_per_s = level.ceiling_bytes_per_s
     record.device_bandwidth_calibrated_spread_bytes_per_s = level.spread_bytes_per_s
     record.device_bandwidth_working_set_bytes = level.working_set_bytes
+    record.device_bandwidth_kernel = calibration.kernel
     if record.device_bandwidth_bytes_per_s is not None:
         record.device_bandwidth_probe_disagrees = level.disagrees(record.device_bandwidth_bytes_per_s)

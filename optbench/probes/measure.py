@@ -1,5 +1,5 @@
-"""Probes: optimizer-state bytes, peak memory and the speed summary (timing: probes/timing.py; the triad
-bandwidth probe: probes/triad.py).
+"""Probes: optimizer-state bytes, peak memory and the speed summary (timing: probes/timing.py; the stream
+bandwidth probe: probes/stream.py).
 
 Each probe exists because the obvious way to measure gets it wrong:
 - optimizer state is created lazily on the first step() and bitsandbytes shares its quantisation maps

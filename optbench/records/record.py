@@ -156,9 +156,9 @@ class Record:
     fp32_state_fraction: float | None = None  # share of parameters whose state stays full precision
     optimizer_impl: str | None = None  # fused | foreach | per-tensor loop | per-parameter[, host-synced] | None
     optimizer_step_traffic_bytes: int | None = None  # bytes one step must read + write (analytic)
-    # The device's memory bandwidth as an in-place triad kernel sees it (a += s * b, bytes counted as the step's
-    # are). The trial's own short probe, sampled before and after training over its step's working set (before
-    # levels: buffers far larger than the last-level cache), is a check only (optbench/probes/bandwidth.py).
+    # The device's memory bandwidth as the probe kernel sees it (fused AdamW's update, bytes counted as the step's;
+    # a triad before device_bandwidth_kernel). The trial's own short probe, over its step's working set (before
+    # levels: buffers far larger than the cache), before and after training, is a check only (probes/bandwidth.py).
     device_bandwidth_bytes_per_s: float | None = None  # the trial probe's median
     device_bandwidth_iqr_bytes_per_s: float | None = None
     device_copy_bandwidth_bytes_per_s: float | None = None  # schema 1's ceiling (one copy_): read, never written
@@ -166,11 +166,12 @@ class Record:
     # spread, and where it came from: the calibration file, or "uncalibrated: <why>". None: a record from before.
     device_bandwidth_calibrated_bytes_per_s: float | None = None
     device_bandwidth_calibrated_spread_bytes_per_s: float | None = None
-    # the working set (both triad operands) of the calibrated level the ceiling is from: the largest no larger than
-    # the step's weights + grads + state; None: a record from before levels (the memory level's ceiling)
+    # the working set (all the kernel's operands) of the calibrated level the ceiling is from: the largest no
+    # larger than the step's weights + grads + state; None: a record from before levels (the memory level's ceiling)
     device_bandwidth_working_set_bytes: int | None = None
-    device_bandwidth_probe_working_set_bytes: int | None = None  # what the trial's own probe streamed (both operands)
+    device_bandwidth_probe_working_set_bytes: int | None = None  # what the trial's own probe streamed (all operands)
     device_bandwidth_source: str | None = None
+    device_bandwidth_kernel: str | None = None  # the calibration's probe kernel; None: before the field (a triad)
     device_bandwidth_probe_disagrees: bool | None = None  # the trial probe fell outside the calibration's 5-95 %
     # traffic / optimizer-step median / the calibrated ceiling (None uncalibrated). Records from before the
     # calibration divided by their own probe: the report shows those as uncalibrated. > 1: a bad ceiling.

@@ -110,7 +110,7 @@ def step_working_set_bytes(record: Record) -> int | None:
 
 def describe_bandwidth(record: Record, samples: list[float], calibration: BandwidthCalibration | None,
                        source: str) -> None:
-    """The bandwidth figures (the trial's own triad samples taken around training, the machine's calibrated ceiling
+    """The bandwidth figures (the trial's own probe samples taken around training, the machine's calibrated ceiling
     and where it came from: optbench/probes/bandwidth.py) and the roofline share: the optimizer step's analytic
     traffic over its median time, against the calibrated ceiling of the step's working set only (none without a
     calibration: a ceiling sampled during one trial on a shared machine is noise)."""

@@ -30,7 +30,7 @@ import torch
 from optbench.job.devices import GPU_PINNED_ENV, resolve_device
 from optbench.job.spec import TrialSpec
 from optbench.optimizers import resolve
-from optbench.probes import bandwidth, measure, triad
+from optbench.probes import bandwidth, measure, stream
 from optbench.records.environment import cpu_name, environment, machine_key
 from optbench.records.oom import raised_out_of_memory
 from optbench.records.record import Record
@@ -46,7 +46,7 @@ from optbench.trial.precision import dtype_name, parse_precision
 from optbench.trial.settings import settings_record
 
 DIVERGENCE_FACTOR = 3.0  # final loss this many times the first loss (or the chance loss) → diverged
-BANDWIDTH_SAMPLES = 5  # triad passes before and again after training: a check on the calibrated ceiling
+BANDWIDTH_SAMPLES = 5  # probe passes before and again after training: a check on the calibrated ceiling
 
 
 def device_name(device: torch.device) -> str:
@@ -175,11 +175,11 @@ def _train_and_measure(spec: TrialSpec, record: Record) -> None:
 
 
 def bandwidth_probe(s: Setup, record: Record, calibration: bandwidth.BandwidthCalibration | None) -> list[float]:
-    """The trial's own triad passes, over the calibrated level of its step's working set (a check on the ceiling
-    its roofline divides by: probes/bandwidth.py); taken before and again after training."""
+    """The trial's own probe passes (probes/stream.py), over the calibrated level of its step's working set (a
+    check on the ceiling its roofline divides by: probes/bandwidth.py); taken before and again after training."""
     operand = bandwidth.probe_operand_bytes(s.device, step_working_set_bytes(record), calibration)
-    record.device_bandwidth_probe_working_set_bytes = 2 * operand
-    return triad.triad_bandwidth_samples(s.device, BANDWIDTH_SAMPLES, operand)
+    record.device_bandwidth_probe_working_set_bytes = stream.OPERANDS * operand
+    return stream.stream_bandwidth_samples(s.device, BANDWIDTH_SAMPLES, operand)
 
 
 def check_sharding(s: Setup, record: Record) -> None:

@@ -1,13 +1,20 @@
-"""The triad probe: the device's memory bandwidth as an optimizer step sees it (`a += s * b` in place over buffers
-that dwarf the caches), sampled around every trial and, many times over, by `optbench calibrate-bandwidth`
-(probes/bandwidth.py). On CUDA the SM clock is warmed up from idle before a pass is timed (an H200's idles at
-345 MHz: a cold pass reads low), and the buffer fits the memory left to the trial.
+"""The stream probe: the device's memory bandwidth as an optimizer step sees it — torch's fused AdamW update run in
+place over four fp32 operands that stand for a step's weights, gradients and two moments (four read, three
+written) — sampled around every trial and, many times over, by `optbench calibrate-bandwidth` (probes/bandwidth.py).
+
+Why this kernel and not a STREAM triad (`a += s * b`, which the probe ran before): with two threads, how many
+bytes a CPU core moves depends on how many streams it has in flight, not only on the memory. On the 2-core
+reference host a triad over 256 MiB operands reached 37-39 GB/s, `addcmul_` (four streams) the same, and the fused
+AdamW update (seven) 45 GB/s; a fused AdamW step of MiniLM alone in a process streamed its 636 MB in 15.8 ms,
+40 GB/s, which is 107 % of the triad's calibrated ceiling. A ceiling a step can exceed is no ceiling: the probe
+runs the widest fused streaming kernel torch has, the one the fastest optimizer step runs. On CUDA the SM clock is
+warmed up from idle before a pass is timed (an H200's idles at 345 MHz: a cold pass reads low), and the operands
+fit the memory left to the trial.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 import warnings
 from pathlib import Path
@@ -41,13 +48,20 @@ CUDA_BANDWIDTH_OPERAND_BYTES = 512 * 2**20  # far beyond any L2; a pass lasts lo
 MIN_CUDA_BANDWIDTH_OPERAND_BYTES = 16 * 2**20  # below this a reading says more about launch latency than memory
 
 
+KERNEL = "fused-adamw"  # what a calibration file says it measured with (files without the field: "triad")
+OPERANDS = 4  # param, grad, exp_avg, exp_avg_sq: the working set is OPERANDS x one operand
+PASS_BYTES_PER_OPERAND = 7  # bytes a pass moves per operand byte: four operands read, three written
+
+
 def bandwidth_buffer_bytes(device: torch.device, room_bytes: int | None = None) -> int:
-    """Bytes per triad operand: 2x the last-level cache on CPU (two operands: 4x in all); on CUDA 512 MiB, or a
-    quarter of `room_bytes` (what the allocator may still take) where that is less, so that a `--max-memory` cap
-    never makes the probe the trial's out-of-memory error."""
+    """Bytes per operand: the last-level cache on CPU (four operands: 4x it in all, as the triad's two of twice it
+    were); on CUDA 512 MiB, or a fifth of `room_bytes` (what the allocator may still take) where that is less, so
+    that a `--max-memory` cap never makes the probe the trial's out-of-memory error."""
     if device.type != "cuda":
-        return 2 * last_level_cache_bytes()
-    return CUDA_BANDWIDTH_OPERAND_BYTES if room_bytes is None else min(CUDA_BANDWIDTH_OPERAND_BYTES, room_bytes // 4)
+        return last_level_cache_bytes()
+    if room_bytes is None:
+        return CUDA_BANDWIDTH_OPERAND_BYTES
+    return min(CUDA_BANDWIDTH_OPERAND_BYTES, room_bytes // (OPERANDS + 1))
 
 
 def cuda_room_bytes(device: torch.device) -> int:
@@ -64,7 +78,7 @@ def room_bytes(free_bytes: int, total_bytes: int, fraction: float, reserved_byte
 
 
 # The SM clock of an idle GPU sits far below its boost clock (an H200 idles at 345 MHz and boosts to 1980 MHz),
-# and a triad pass over 512 MiB lasts a fraction of a millisecond: passes timed before the clock ramps read low,
+# and a pass over 512 MiB operands lasts a fraction of a millisecond: passes timed before the clock ramps read low,
 # and the roofline share computed against them reads high. Sustained work first brings the clock up.
 CUDA_WARM_UP_S = 0.25
 MOST_WARM_UP_PASSES = 5000
@@ -94,30 +108,32 @@ def warm_up_clocks(device: torch.device, work: Any, warm_up_s: float = CUDA_WARM
     return passes + 1
 
 
-def triad_bandwidth_samples(device: torch.device, samples: int = 5, operand_bytes: int | None = None) -> list[float]:
-    """The device's memory bandwidth as an in-place kernel shaped like an optimizer step sees it: `a += s * b` over
-    two fp32 buffers of `operand_bytes` each (default: ones that dwarf the caches, bandwidth_buffer_bytes), bytes
-    counted as the step's are (every byte read once, every byte written once: 3 x the operand size; in place, so no
-    write-allocate traffic goes uncounted), one sample per pass after one untimed pass, with torch's current thread
-    count. CUDA passes are timed with events; no samples where the memory left is too small for a meaningful
+def stream_bandwidth_samples(device: torch.device, samples: int = 5, operand_bytes: int | None = None) -> list[float]:
+    """The device's memory bandwidth as an optimizer step moves it: torch's fused AdamW update over four fp32
+    operands of `operand_bytes` each (default: ones that dwarf the caches, bandwidth_buffer_bytes), bytes counted
+    as the step's are (optimizers/base.py: weights read and written, gradients read, two moments read and written:
+    7 x the operand size; in place, so no write-allocate traffic goes uncounted), one sample per pass after one
+    untimed pass, with torch's current thread count. The lr is tiny so that the values stay finite over any number
+    of passes. CUDA passes are timed with events; no samples where the memory left is too small for a meaningful
     buffer."""
     room = cuda_room_bytes(device) if device.type == "cuda" else None
     nbytes = bandwidth_buffer_bytes(device, room) if operand_bytes is None else operand_bytes
-    if device.type == "cuda" and (nbytes < MIN_CUDA_BANDWIDTH_OPERAND_BYTES or 4 * nbytes > (room or 0)):
+    if device.type == "cuda" and (nbytes < MIN_CUDA_BANDWIDTH_OPERAND_BYTES or (OPERANDS + 1) * nbytes > (room or 0)):
         return []
-    a = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
-    b = torch.full_like(a, 1e-3)
-    a.add_(b, alpha=0.5)  # untimed: pages the buffers in, warms the kernel
-    warm_up_clocks(device, functools.partial(a.add_, b, alpha=0.5))  # CUDA: the SM clock up from idle first
+    weights = torch.nn.Parameter(torch.ones(nbytes // 4, dtype=torch.float32, device=device))
+    weights.grad = torch.full_like(weights, 1e-3)
+    update = torch.optim.AdamW([weights], lr=1e-12, weight_decay=0.0, fused=True)
+    update.step()  # untimed: creates the two moments, pages every operand in, warms the kernel
+    warm_up_clocks(device, update.step)  # CUDA: the SM clock up from idle first
     times = []
     for _ in range(samples):
         timer = StepTimer(device)
         timer.mark("start")
-        a.add_(b, alpha=0.5)
+        update.step()
         timer.mark("end")
         times.append(timer.seconds("start", "end"))
-    del a, b  # freed by reference count: no garbage collection needed, only the heap trimmed
+    del update, weights  # freed by reference count: no garbage collection needed, only the heap trimmed
     trim_heap()
     if device.type == "cuda":
-        torch.cuda.empty_cache()  # the buffers must not sit in the trial's reserved memory
-    return [3 * nbytes / t for t in times if t > 0]
+        torch.cuda.empty_cache()  # the operands must not sit in the trial's reserved memory
+    return [PASS_BYTES_PER_OPERAND * nbytes / t for t in times if t > 0]
