@@ -3,7 +3,7 @@
 A ceiling measured inside each trial on a shared machine is noise: per-trial triad medians ranged 12.6-56.6 GB/s
 across one machine's records, and the same fused AdamW kernel read 79-109 % "of the roofline" in four trials.
 `calibrate` runs the trial probe's own kernel (torch's fused AdamW update over four operands,
-stream.stream_bandwidth_samples: a ceiling must be one the widest step cannot beat, and a triad was beaten by 7 %)
+stream.stream_bandwidth_samples: a ceiling must be one the widest step cannot beat, and fused AdamW beat a triad)
 for many passes after a warm-up round and keeps a high quantile as the ceiling, with the quantiles that show its
 spread, at several **working sets**: the probe's own (four operands of the last-level cache: memory), and halving
 down to an eighth of the cache. What a step can stream may depend on where its data lives: a model whose weights,

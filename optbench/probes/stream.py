@@ -4,10 +4,11 @@ written) — sampled around every trial and, many times over, by `optbench calib
 
 Why this kernel and not a STREAM triad (`a += s * b`, which the probe ran before): with two threads, how many
 bytes a CPU core moves depends on how many streams it has in flight, not only on the memory. On the 2-core
-reference host a triad over 256 MiB operands reached 37-39 GB/s, `addcmul_` (four streams) the same, and the fused
-AdamW update (seven) 45 GB/s; a fused AdamW step of MiniLM alone in a process streamed its 636 MB in 15.8 ms,
-40 GB/s, which is 107 % of the triad's calibrated ceiling. A ceiling a step can exceed is no ceiling: the probe
-runs the widest fused streaming kernel torch has, the one the fastest optimizer step runs. On CUDA the SM clock is
+reference host (scripts/kernel_width_probe.py, results/cpu-2core/kernel-width-probe.json) a triad over 240-960 MiB
+working sets streamed 35.7-36.7 GB/s, `addcmul_` (three operands) 36.2-36.6, and the fused AdamW update (four)
+39.5-40.5. The fused AdamW step of MiniLM read up to 115 % of a triad's ceiling in trials (memory-level/), and
+alone in a process 102 % of its level's. A ceiling a step can exceed is no ceiling: the probe runs the widest
+fused streaming kernel torch has, the one the fastest optimizer step runs. On CUDA the SM clock is
 warmed up from idle before a pass is timed (an H200's idles at 345 MHz: a cold pass reads low), and the operands
 fit the memory left to the trial.
 """
