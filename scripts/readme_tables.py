@@ -357,19 +357,20 @@ def new_entries() -> str:
             f"{said}" + (f" ({odd})" if odd else ""))
 
 
-def roofline_agreement(relative: str = "roofline.jsonl") -> str:
+def roofline_agreement(relative: str = "roofline.jsonl", agreeing_only: bool = False) -> str:
     """The roofline of one kernel (adamw_fused) over several trials against the calibrated ceiling: its range, how
-    far the trials stray from their median, and whether any exceeds 100 % (of `relative` under results/cpu-2core)."""
+    far the trials stray from their median, and whether any exceeds 100 % (of `relative` under results/cpu-2core;
+    `agreeing_only`: the trials whose own probe agreed with the calibration)."""
     path = RESULTS / relative
     if not path.is_file():
         return "not measured yet"
-    shown = [metrics.record_values(r)["roofline_pct"] for r in read_records(path) if r.status == "ok"]
-    values = [value for value in shown if value is not None]  # against a steady calibration only
-    if not values:
+    ok = [r for r in read_records(path) if r.status == "ok" and metrics.record_values(r)["roofline_pct"] is not None
+          and not (agreeing_only and r.device_bandwidth_probe_disagrees)]  # against a steady calibration only
+    if not ok:
         return f"no trial in {relative} against a steady calibration"
+    values = [metrics.record_values(r)["roofline_pct"] for r in ok]
     middle = statistics.median(values)
     stray = max(abs(v / middle - 1) for v in values)
-    ok = [r for r in read_records(path) if r.status == "ok" and metrics.record_values(r)["roofline_pct"] is not None]
     steps_ms = [1e3 * r.optimizer_step_median_s for r in ok]
     levels = sorted({r.device_bandwidth_working_set_bytes for r in ok if r.device_bandwidth_working_set_bytes})
     kernel = ok[0].device_bandwidth_kernel or "triad"  # records before the field were divided by a triad's
@@ -380,6 +381,19 @@ def roofline_agreement(relative: str = "roofline.jsonl") -> str:
             f"{min(values):.1f}–{max(values):.1f} % over {len(values)} trials, each within ±{100 * stray:.1f} % of "
             f"their median ({'within' if stray <= ROOFLINE_AGREEMENT else 'outside'} the ±"
             f"{100 * ROOFLINE_AGREEMENT:.0f} % they must agree to){'; ABOVE 100 %' if max(values) > 100 else ''}")
+
+
+def roofline_confirm(relative: str = "roofline-confirm/roofline.jsonl") -> str:
+    """reference-results roofline-confirm: trials until five trials' own probes agreed with the step's calibration
+    (ten at most); the agreeing trials' spread, then all of them."""
+    path = RESULTS / relative
+    if not path.is_file():
+        return "not measured yet"
+    ok = [r for r in read_records(path) if r.status == "ok"]
+    agreeing = sum(r.device_bandwidth_probe_disagrees is False for r in ok)
+    return (f"{len(ok)} trials were run and the probes of {agreeing} agreed with the calibration. Those "
+            f"{agreeing}: {roofline_agreement(relative, agreeing_only=True)}. All {len(ok)}: "
+            f"{roofline_agreement(relative)}")
 
 
 def kernel_width() -> str:
@@ -569,6 +583,7 @@ VALUES: dict[str, Callable[[], str]] = {
     "predictor.coverage-first": first_fresh_coverage,
     "roofline.agreement": roofline_agreement,
     "roofline.agreement-triad": lambda: roofline_agreement("triad/roofline.jsonl"),
+    "roofline.confirm": roofline_confirm,
     "roofline.kernel-width": kernel_width,
     "roofline.thp-off": lambda: roofline_agreement("roofline-thp/off.jsonl"),
     "roofline.thp-on": lambda: roofline_agreement("roofline-thp/on.jsonl"),
