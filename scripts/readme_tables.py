@@ -391,8 +391,10 @@ def roofline_confirm(relative: str = "roofline-confirm/roofline.jsonl") -> str:
         return "not measured yet"
     ok = [r for r in read_records(path) if r.status == "ok"]
     agreeing = sum(r.device_bandwidth_probe_disagrees is False for r in ok)
-    return (f"{len(ok)} trials were run and the probes of {agreeing} agreed with the calibration. Those "
-            f"{agreeing}: {roofline_agreement(relative, agreeing_only=True)}. All {len(ok)}: "
+    said = f"{len(ok)} trials were run and the probes of {agreeing} agreed with the calibration"
+    if agreeing == len(ok):
+        return f"{said}: {roofline_agreement(relative)}"
+    return (f"{said}. Those {agreeing}: {roofline_agreement(relative, agreeing_only=True)}. All {len(ok)}: "
             f"{roofline_agreement(relative)}")
 
 
