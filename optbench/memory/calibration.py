@@ -111,14 +111,20 @@ class ErrorBand:
         return margin_bytes(predicted_bytes, self.safety_margin, self.worst_under_bytes)
 
     def describe_margin(self) -> str:
-        floor = f" or {self.worst_under_bytes / MIB:.0f} MiB, whichever is larger" if self.worst_under_bytes else ""
-        return f"+{100 * self.safety_margin:.1f} %{floor}"
+        return describe_margin(self.safety_margin, self.worst_under_bytes)
 
     def describe(self) -> str:
         which = "predictor error" if self.calibrated else "uncalibrated predictor error (no own calibration)"
         return (f"{which} on {self.trials} held-out {self.device_kind} trials: median |error| "
                 f"{100 * self.median_abs_error:.1f} %, worst {100 * self.worst_abs_error:.1f} %, "
                 f"{100 * self.share_under:.0f} % under-predicted; safety margin {self.describe_margin()}")
+
+
+def describe_margin(fraction: float, floor_bytes: int | None) -> str:
+    """The margin_bytes rule in words, as every command that applies it says it: "+6.0 % or 77 MiB, whichever is
+    larger" (the share alone where there is no floor)."""
+    floor = f" or {floor_bytes / MIB:.0f} MiB, whichever is larger" if floor_bytes else ""
+    return f"+{100 * fraction:.1f} %{floor}"
 
 
 def margin_bytes(predicted_bytes: float, fraction: float, floor_bytes: int) -> int:

@@ -25,7 +25,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from optbench.memory import predict
-from optbench.memory.calibration import ErrorBand, calibration_path, load_calibrations, shipped_calibration_path
+from optbench.memory.calibration import (
+    ErrorBand,
+    calibration_path,
+    describe_margin,
+    load_calibrations,
+    shipped_calibration_path,
+)
 from optbench.memory.calibration import margin_bytes as margin_for
 from optbench.optimizers import FP32_BYTES, REGISTRY, Shape, UnknownOptimizerError, resolve
 from optbench.optimizers.base import NOMINAL_SHAPE, Param
@@ -175,8 +181,7 @@ class Estimate:
         return peak + margin_for(peak, self.margin_fraction, self.margin_floor_bytes)
 
     def describe_margin(self) -> str:
-        floor = f" (at least {self.margin_floor_bytes / MIB:.0f} MiB)" if self.margin_floor_bytes else ""
-        return f"{100 * self.margin_fraction:.0f} %{floor} margin"
+        return f"a margin of {describe_margin(self.margin_fraction, self.margin_floor_bytes)}"
 
     def per_gpu_bytes(self, gpus: int = 1, stage: int = 0) -> int:
         """Weights + grads + state on each of `gpus` data-parallel GPUs under ZeRO `stage`: 0 (plain data
