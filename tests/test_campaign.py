@@ -62,6 +62,27 @@ def test_the_campaign_scripts_say_how_to_call_them():
 
     root = Path(__file__).resolve().parents[1]
     for command in (["bash", "scripts/gate-campaign"], [sys.executable, "scripts/slowdown_probe.py"],
-                    [sys.executable, "scripts/harness_factors.py", "out.json", "many"]):
+                    [sys.executable, "scripts/harness_factors.py", "out.json", "many"],
+                    [sys.executable, "scripts/kernel_width_probe.py", "out.json", "many"],
+                    [sys.executable, "scripts/step_drift_probe.py", "out.json", "many"]):
         result = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=300)
         assert result.returncode == 2 and result.stderr.strip().startswith("usage:"), result.stderr
+
+
+def test_the_step_drift_probe_writes_its_blocks(tmp_path):
+    """scripts/step_drift_probe.py on the tiny model, three blocks: each block's step and forward/backward medians,
+    their spread and the rank correlation between them."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "drift.json"
+    result = subprocess.run([sys.executable, "scripts/step_drift_probe.py", str(out), "3", "tiny"], cwd=root,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    found = json.loads(out.read_text())
+    assert len(found["blocks"]) == 3 and all(b["step_s"] > 0 and b["forward_backward_s"] > 0 for b in found["blocks"])
+    assert found["step_stray"] >= 0 and -1 <= found["step_vs_forward_backward_spearman"] <= 1
+    assert found["env"]["git_commit"]
