@@ -398,6 +398,21 @@ def roofline_confirm(relative: str = "roofline-confirm/roofline.jsonl") -> str:
             f"{roofline_agreement(relative)}")
 
 
+def step_drift() -> str:
+    """scripts/step_drift_probe.py: one process's fused AdamW step in blocks over minutes, and whether it moved with
+    the forward/backward."""
+    path = RESULTS / "step-drift-probe.json"
+    if not path.is_file():
+        return "not measured yet"
+    data = json.loads(path.read_text())
+    steps_ms = [1e3 * block["step_s"] for block in data["blocks"]]
+    return (f"{len(steps_ms)} blocks of {data['block_steps']} steps over {data['blocks'][-1]['at_s']:.0f} s: the "
+            f"step's block medians ran {min(steps_ms):.1f}–{max(steps_ms):.1f} ms, each within "
+            f"±{100 * data['step_stray']:.1f} % of their median, with a Spearman ρ of "
+            f"{data['step_vs_forward_backward_spearman']:.2f} (p = {data['step_vs_forward_backward_p']:.2g}) against "
+            "the forward/backward's")
+
+
 def kernel_width() -> str:
     """scripts/kernel_width_probe.py: what kernels of two, three and four operands stream over the same working
     sets (medians of their passes), and MiniLM's fused AdamW step alone against the calibrated ceilings of its
@@ -587,6 +602,7 @@ VALUES: dict[str, Callable[[], str]] = {
     "roofline.agreement-triad": lambda: roofline_agreement("triad/roofline.jsonl"),
     "roofline.confirm": roofline_confirm,
     "roofline.kernel-width": kernel_width,
+    "roofline.step-drift": step_drift,
     "roofline.thp-off": lambda: roofline_agreement("roofline-thp/off.jsonl"),
     "roofline.thp-on": lambda: roofline_agreement("roofline-thp/on.jsonl"),
     "new-entries.summary": new_entries,
