@@ -192,7 +192,7 @@ def test_the_memory_cap_goes_to_the_current_gpu():
 
 
 def test_the_bandwidth_probe_leaves_no_reserved_memory_behind():
-    cuda = need_gpus(1, "the triad bandwidth probe with CUDA events")
+    cuda = need_gpus(1, "the stream bandwidth probe with CUDA events")
     reserved = torch.cuda.memory_reserved(cuda)
     rates = stream.stream_bandwidth_samples(cuda, samples=3)
     assert len(rates) == 3 and min(rates) > 1e11  # any GPU moves > 100 GB/s; the 512 MiB operands time well

@@ -63,7 +63,7 @@ def test_an_evaluations_cached_blocks_do_not_become_the_reserved_peak(monkeypatc
 
 
 def test_the_warm_up_keeps_the_gpu_busy_long_enough_for_its_clock_to_rise():
-    # an H200 triad pass over 512 MiB lasts ~0.37 ms at full clock: hundreds of passes make a quarter second
+    # a pass of ~0.37 ms at full clock (a triad over 512 MiB on an H200): hundreds of passes make a quarter second
     assert stream.warm_up_pass_count(0.37e-3) == 676
     assert stream.warm_up_pass_count(0.37e-3, warm_up_s=0.5) == 1352
     assert stream.warm_up_pass_count(2.0) == 1  # a pass longer than the warm-up: one is enough

@@ -130,11 +130,11 @@ def test_a_librarys_own_warning_during_a_trial_is_shown_once_and_not_kept_on_the
 
     samples = stream.stream_bandwidth_samples
 
-    def warning_triad(device, count, *operand):
+    def warning_probe(device, count, *operand):
         warnings.warn("a library's notice", UserWarning, stacklevel=2)
         return samples(device, count, *operand)
 
-    monkeypatch.setattr(stream, "stream_bandwidth_samples", warning_triad)
+    monkeypatch.setattr(stream, "stream_bandwidth_samples", warning_probe)
     with pytest.warns(UserWarning, match="a library's notice") as shown:
         record = run_trial(TrialSpec(optimizer="adamw", **TINY))
     assert record.status == "ok", record.error
