@@ -500,10 +500,12 @@ def gate_sleep_table() -> str:
     return pd.DataFrame(rows).to_markdown(index=False)
 
 
-def gate_campaign_table() -> str:
+def gate_campaign_table(relative: str = "gate-campaign") -> str:
+    """A gate campaign's rates (scripts/gate-campaign): `gate-campaign` took turns by sweep, `gate-campaign-trials`
+    (reference-results gate-trials) trial by trial."""
     from optbench.report import campaign
 
-    return campaign.summary_markdown(RESULTS / "gate-campaign")
+    return campaign.summary_markdown(RESULTS / relative)
 
 
 def slowdown_probe(mode: str) -> str:
@@ -571,6 +573,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "scaling": scaling_tables,
     "gpu": lambda: gpu_section(ROOT / "results"),
     "gate-campaign": gate_campaign_table,
+    "gate-campaign-trials": lambda: gate_campaign_table("gate-campaign-trials"),
     "gate-sleep": gate_sleep_table,
     "harness-factors": harness_factors_table,
 }

@@ -86,3 +86,13 @@ def test_the_step_drift_probe_writes_its_blocks(tmp_path):
     assert len(found["blocks"]) == 3 and all(b["step_s"] > 0 and b["forward_backward_s"] > 0 for b in found["blocks"])
     assert found["step_stray"] >= 0 and -1 <= found["step_vs_forward_backward_spearman"] <= 1
     assert found["env"]["git_commit"]
+
+
+def test_the_campaign_takes_turns_by_sweep_or_by_trial_and_nothing_else():
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    result = subprocess.run(["bash", "scripts/gate-campaign", "out", "1", "0.3", "adamw", "0", "shuffled"], cwd=root,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and result.stderr == "gate-campaign: ORDER is sweeps or trials, not shuffled\n"
