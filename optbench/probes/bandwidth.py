@@ -11,7 +11,8 @@ gradients and state fit in a last-level cache that is really its own steps at th
 roofline divides by the ceiling of the largest working set calibrated that is no larger than its step's own
 (`level_for`: weights + grads + state): the most the cache could have given it, so the share is never flattered.
 (On the 2-core hosts here, which report 480 MiB of L3 shared with other guests, the levels down to 240 MiB read
-the memory's speed, and the smaller ones were unsteady.)
+about the memory's speed: two calibrations ten minutes apart put the 240 MiB level at 47.0 and 42.1 GB/s, the
+memory at 43.1 and 43.2; the smaller levels were mostly unsteady.)
 `save` writes it to a per-machine file in the user's cache — `$OPTBENCH_CACHE`, else `$XDG_CACHE_HOME/optbench`,
 else `~/.cache/optbench` — named by the device (CPU model, or GPU name) and torch's thread count, since a CPU's
 reachable bandwidth depends on how many threads stream; `$OPTBENCH_BANDWIDTH_FILE` names a file instead. Never

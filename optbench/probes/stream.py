@@ -133,8 +133,9 @@ def stream_bandwidth_samples(device: torch.device, samples: int = 5, operand_byt
         update.step()
         timer.mark("end")
         times.append(timer.seconds("start", "end"))
+    moved_bytes = PASS_BYTES_PER_OPERAND * weights.nbytes
     del update, weights  # freed by reference count: no garbage collection needed, only the heap trimmed
     trim_heap()
     if device.type == "cuda":
         torch.cuda.empty_cache()  # the operands must not sit in the trial's reserved memory
-    return [PASS_BYTES_PER_OPERAND * nbytes / t for t in times if t > 0]
+    return [moved_bytes / t for t in times if t > 0]
