@@ -364,11 +364,12 @@ def roofline_agreement(relative: str = "roofline.jsonl", agreeing_only: bool = F
     path = RESULTS / relative
     if not path.is_file():
         return "not measured yet"
-    ok = [r for r in read_records(path) if r.status == "ok" and metrics.record_values(r)["roofline_pct"] is not None
-          and not (agreeing_only and r.device_bandwidth_probe_disagrees)]  # against a steady calibration only
+    shown = [(r, metrics.record_values(r)["roofline_pct"]) for r in read_records(path) if r.status == "ok"
+             and (not agreeing_only or r.device_bandwidth_probe_disagrees is False)]
+    ok = [r for r, value in shown if value is not None]  # against a steady calibration only
+    values = [value for _, value in shown if value is not None]
     if not ok:
         return f"no trial in {relative} against a steady calibration"
-    values = [metrics.record_values(r)["roofline_pct"] for r in ok]
     middle = statistics.median(values)
     stray = max(abs(v / middle - 1) for v in values)
     steps_ms = [1e3 * r.optimizer_step_median_s for r in ok]
