@@ -399,6 +399,28 @@ def roofline_confirm(relative: str = "roofline-confirm/roofline.jsonl") -> str:
             f"{roofline_agreement(relative)}")
 
 
+def roofline_bracketed(folder: str = "roofline-bracketed") -> str:
+    """reference-results roofline-bracketed: five trials between two calibrations; their spread, and whether the
+    machine held its speed over the set (the second calibration's ceiling at the trials' level within the first's
+    5-95 % range)."""
+    from optbench.probes import bandwidth
+
+    before, after = RESULTS / folder / "before.json", RESULTS / folder / "after.json"
+    records = RESULTS / folder / "roofline.jsonl"
+    if not (before.is_file() and after.is_file() and records.is_file()):
+        return "not measured yet"
+    working_sets = {r.device_bandwidth_working_set_bytes for r in read_records(records) if r.status == "ok"}
+    working_set = min((w for w in working_sets if w), default=None)
+    first = bandwidth.read(before).level_for(working_set)
+    second = bandwidth.read(after).level_for(working_set)
+    held = not first.disagrees(second.ceiling_bytes_per_s)
+    q = first.quantiles_bytes_per_s
+    return (f"{roofline_agreement(f'{folder}/roofline.jsonl')}. The calibration after them read that level's "
+            f"ceiling at {second.ceiling_bytes_per_s / 1e9:.1f} GB/s, against {first.ceiling_bytes_per_s / 1e9:.1f} "
+            f"before (5–95 % {q['0.05'] / 1e9:.1f}–{q['0.95'] / 1e9:.1f}): the machine "
+            f"{'held' if held else 'did not hold'} its speed over the set")
+
+
 def step_drift() -> str:
     """scripts/step_drift_probe.py: one process's fused AdamW step in blocks over minutes, and whether it moved with
     the forward/backward."""
@@ -605,6 +627,7 @@ VALUES: dict[str, Callable[[], str]] = {
     "roofline.agreement": roofline_agreement,
     "roofline.agreement-triad": lambda: roofline_agreement("triad/roofline.jsonl"),
     "roofline.confirm": roofline_confirm,
+    "roofline.bracketed": roofline_bracketed,
     "roofline.kernel-width": kernel_width,
     "roofline.step-drift": step_drift,
     "roofline.thp-off": lambda: roofline_agreement("roofline-thp/off.jsonl"),
