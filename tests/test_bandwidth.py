@@ -3,6 +3,7 @@ and the report's refusal of an uncalibrated or impossible roofline (committed re
 
 import dataclasses
 import json
+import warnings
 from pathlib import Path
 
 import pytest
@@ -147,10 +148,25 @@ def test_a_record_stamps_the_kernel_of_its_calibration():
 def test_a_trial_probe_outside_the_calibrations_range_is_flagged(probe, disagrees):
     record = Record(optimizer_step_traffic_bytes=10**9, optimizer_step_median_s=0.05)
     measure.describe_speed(record, [0.1] * 3, [0.05] * 3)
-    describe.describe_bandwidth(record, [probe] * 3, _calibration("m"), "file.json")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", measure.MeasurementWarning)  # 61 GB/s beats the ceiling: the test below
+        describe.describe_bandwidth(record, [probe] * 3, _calibration("m"), "file.json")
     assert record.device_bandwidth_probe_disagrees is disagrees and record.device_bandwidth_bytes_per_s == probe
     assert record.roofline_fraction == pytest.approx(10**9 / 0.05 / 6e10)  # the ceiling, never the probe
     assert metrics.record_values(record)["bw_ceiling"] == ("calibrated; probe disagrees" if disagrees else "calibrated")
+
+
+def test_a_probe_faster_than_the_ceiling_says_the_calibration_is_stale():
+    """A calibration from a slower day: a trial here read its probe at 50.9 GB/s against a 42.1 GB/s ceiling and its
+    stored roofline at 1.026. The trial says to calibrate again; a probe inside the range says nothing."""
+    record = Record(optimizer_step_traffic_bytes=10**9)
+    measure.describe_speed(record, [0.1] * 3, [0.05] * 3)
+    with pytest.warns(measure.MeasurementWarning, match=r"streamed 61.0 GB/s, above the calibrated ceiling of 60.0 "
+                                                         r"GB/s \(file.json\).*calibrate-bandwidth` again"):
+        describe.describe_bandwidth(record, [6.1e10] * 3, _calibration("m"), "file.json")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        describe.describe_bandwidth(record, [5e10] * 3, _calibration("m"), "file.json")
 
 
 def test_an_unsteady_calibration_says_so_and_no_roofline_is_shown_against_it():

@@ -24,13 +24,15 @@ level's spread and working set, the kernel and its source, or "uncalibrated", an
 ceiling only (none without a calibration). The trial's own short probe streams the same level
 (`probe_operand_bytes`; without a calibration, operands of the step's own size) and stays on the record as a
 check: outside that level's 5-95 % range it is flagged as disagreeing (the machine was busier, or other, than
-when it was calibrated).
+when it was calibrated), and above the ceiling the trial warns that the calibration is stale (a calibration from
+a slower day read a trial's probe at 50.9 GB/s against its 42.1 GB/s ceiling, and its roofline at 1.026).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import warnings
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -278,5 +280,11 @@ def describe_bandwidth(record: Any, probe_samples: list[float], calibration: Ban
     record.device_bandwidth_calibrated_spread_bytes_per_s = level.spread_bytes_per_s
     record.device_bandwidth_working_set_bytes = level.working_set_bytes
     record.device_bandwidth_kernel = calibration.kernel
-    if record.device_bandwidth_bytes_per_s is not None:
-        record.device_bandwidth_probe_disagrees = level.disagrees(record.device_bandwidth_bytes_per_s)
+    probe = record.device_bandwidth_bytes_per_s
+    if probe is not None:
+        record.device_bandwidth_probe_disagrees = level.disagrees(probe)
+        if probe > level.ceiling_bytes_per_s:  # a ceiling the machine now beats: its rooflines would read high
+            warnings.warn(f"the trial's bandwidth probe streamed {probe / 1e9:.1f} GB/s, above the calibrated ceiling "
+                          f"of {level.ceiling_bytes_per_s / 1e9:.1f} GB/s ({source}): the machine is faster than when "
+                          "it was calibrated; run `python -m optbench calibrate-bandwidth` again",
+                          measure.MeasurementWarning, stacklevel=2)
