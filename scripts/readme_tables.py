@@ -364,7 +364,10 @@ def roofline_agreement(relative: str = "roofline.jsonl", agreeing_only: bool = F
     path = RESULTS / relative
     if not path.is_file():
         return "not measured yet"
-    shown = [(r, metrics.record_values(r)["roofline_pct"]) for r in read_records(path) if r.status == "ok"
+    # a set from before the stream kernel (triad/, roofline-thp/) reads its ratio over the triad's ceiling: what it
+    # read then, though no roofline (records/upgrade.py, schema 4)
+    shown = [(r, metrics.record_values(r)["roofline_pct"] if r.device_bandwidth_kernel else
+              metrics.triad_roofline_pct(r)) for r in read_records(path) if r.status == "ok"
              and (not agreeing_only or r.device_bandwidth_probe_disagrees is False)]
     ok = [r for r, value in shown if value is not None]  # against a steady calibration only
     values = [value for _, value in shown if value is not None]
@@ -382,6 +385,21 @@ def roofline_agreement(relative: str = "roofline.jsonl", agreeing_only: bool = F
             f"{min(values):.1f}–{max(values):.1f} % over {len(values)} trials, each within ±{100 * stray:.1f} % of "
             f"their median ({'within' if stray <= ROOFLINE_AGREEMENT else 'outside'} the ±"
             f"{100 * ROOFLINE_AGREEMENT:.0f} % they must agree to){'; ABOVE 100 %' if max(values) > 100 else ''}")
+
+
+def rooflines_read() -> str:
+    """Every committed record read through its schema: how many carry a roofline (the stream kernel's) and the
+    largest, and how many from before it carry a ratio over a triad instead (records/upgrade.py, schema 4)."""
+    records = [r for path in RESULTS.rglob("*.jsonl") for r in read_records(path)]
+    stream = [r.roofline_fraction for r in records if r.roofline_fraction is not None]
+    triad = [r.triad_roofline_fraction for r in records if r.triad_roofline_fraction is not None]
+    if not stream:
+        raise NotMeasured("record with a roofline")
+    said = f"{len(stream)} records carry a roofline, the largest {100 * max(stream):.1f} %"
+    if triad:
+        said += (f"; {len(triad)} from before the stream kernel carry a ratio over a triad instead, "
+                 f"{sum(t > 1 for t in triad)} of them above 1.0 (the largest {max(triad):.2f})")
+    return said
 
 
 def roofline_confirm(relative: str = "roofline-confirm/roofline.jsonl") -> str:
@@ -402,23 +420,44 @@ def roofline_confirm(relative: str = "roofline-confirm/roofline.jsonl") -> str:
 def roofline_bracketed(folder: str = "roofline-bracketed") -> str:
     """reference-results roofline-bracketed: five trials between two calibrations; their spread, and whether the
     machine held its speed over the set (the second calibration's ceiling at the trials' level within the first's
-    5-95 % range)."""
+    5-95 % range). A second calibration that was itself unsteady says so: kept as a file (--keep-unsteady), or, where
+    calibrate-bandwidth refused to write it, as what it printed (after-unsteady.txt)."""
     from optbench.probes import bandwidth
 
     before, after = RESULTS / folder / "before.json", RESULTS / folder / "after.json"
+    printed = RESULTS / folder / "after-unsteady.txt"
     records = RESULTS / folder / "roofline.jsonl"
-    if not (before.is_file() and after.is_file() and records.is_file()):
+    if not (before.is_file() and (after.is_file() or printed.is_file()) and records.is_file()):
         return "not measured yet"
     working_sets = {r.device_bandwidth_working_set_bytes for r in read_records(records) if r.status == "ok"}
     working_set = min((w for w in working_sets if w), default=None)
     first = bandwidth.read(before).level_for(working_set)
-    second = bandwidth.read(after).level_for(working_set)
-    held = not first.disagrees(second.ceiling_bytes_per_s)
+    if after.is_file():
+        level = bandwidth.read(after).level_for(working_set)
+        ceiling, slowest = level.ceiling_bytes_per_s, level.quantiles_bytes_per_s["0.05"] / level.ceiling_bytes_per_s
+        unsteady = "" if level.steady else f"; that calibration was itself unsteady (its slowest passes ran at " \
+                                           f"{100 * slowest:.0f} % of its fastest)"
+    else:
+        ceiling, slowest_pct = _printed_level(printed, working_set or first.working_set_bytes)
+        unsteady = (f"; that calibration was itself unsteady (its slowest passes ran at {slowest_pct} % of its "
+                    "fastest) and calibrate-bandwidth refused to write it: after-unsteady.txt is what it printed")
+    held = not first.disagrees(ceiling)
     q = first.quantiles_bytes_per_s
     return (f"{roofline_agreement(f'{folder}/roofline.jsonl')}. The calibration after them read that level's "
-            f"ceiling at {second.ceiling_bytes_per_s / 1e9:.1f} GB/s, against {first.ceiling_bytes_per_s / 1e9:.1f} "
+            f"ceiling at {ceiling / 1e9:.1f} GB/s, against {first.ceiling_bytes_per_s / 1e9:.1f} "
             f"before (5–95 % {q['0.05'] / 1e9:.1f}–{q['0.95'] / 1e9:.1f}): the machine "
-            f"{'held' if held else 'did not hold'} its speed over the set")
+            f"{'held' if held else 'did not hold'} its speed over the set by that rule{unsteady}")
+
+
+def _printed_level(path: Path, working_set_bytes: int) -> tuple[float, str]:
+    """(ceiling in bytes/s, slowest passes' share of the fastest in %) of one level in what calibrate-bandwidth
+    printed: `       128 MiB: ceiling 35.0 GB/s (200 passes; ...); unsteady: its slowest passes ran at 65% ...`."""
+    mib = f"{working_set_bytes / 2**20:,.0f}"
+    for line in path.read_text(encoding="utf-8").splitlines():
+        found = re.match(rf"\s*{mib} MiB: ceiling ([\d.]+) GB/s .*ran at (\d+)% of its fastest", line)
+        if found:
+            return float(found.group(1)) * 1e9, found.group(2)
+    raise NotMeasured(f"the {mib} MiB level in {path.name}")
 
 
 def step_drift() -> str:
@@ -531,6 +570,37 @@ def gate_campaign_table(relative: str = "gate-campaign") -> str:
     return campaign.summary_markdown(RESULTS / relative)
 
 
+def gate_campaign_said(relative: str, optimizer: str = "adamw") -> str:
+    """A gate campaign's outcome for one optimizer in words: per comparison, how many tries measured within the
+    tolerance of the injected change, the median, and how many were flagged."""
+    from optbench.report import campaign
+
+    found = campaign.outcomes(RESULTS / relative)
+    said = [f"{kind}: {o.within_tolerance()} of {o.compared} within ±{campaign.TOLERANCE_PTS:g} points of "
+            f"{o.injected_pct:+g} % (median {statistics.median(o.changes):+.1f} %), {o.flagged} flagged"
+            for kind, per in found.items() if (o := per.get(optimizer))]
+    if not said:
+        raise NotMeasured(f"{optimizer} comparisons in {relative}")
+    return "; ".join(said)
+
+
+def campaign_process_spread(relative: str) -> str:
+    """How far one run's processes (seeds) of a gate campaign spread: the log SD of their optimizer-step medians,
+    the median over the campaign's same-commit runs (the slowed ones add the knob's own spread); and the 1-minute
+    load their trials started under."""
+    import math
+
+    runs = [[r for r in read_records(path) if r.status == "ok"] for path in sorted((RESULTS / relative / "same").glob(
+        "run-*.jsonl"))]
+    spreads = [statistics.stdev(math.log(r.optimizer_step_median_s) for r in run) for run in runs if len(run) > 1]
+    loads = [r.env["load_avg_1m"] for run in runs for r in run if r.env.get("load_avg_1m") is not None]
+    if not spreads:
+        raise NotMeasured(f"runs in {relative}")
+    return (f"a run's step medians had a log SD of {100 * statistics.median(spreads):.1f} % (the median over its "
+            f"{len(spreads)} same-commit runs; their trials started at a 1-minute load of "
+            f"{min(loads):.1f}–{max(loads):.1f})")
+
+
 def slowdown_probe(mode: str) -> str:
     """scripts/slowdown_probe.py: in one process, what a sleeping and a spinning knob do to the steps around them."""
     path = RESULTS / "slowdown-probe.json"
@@ -597,6 +667,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "gpu": lambda: gpu_section(ROOT / "results"),
     "gate-campaign": gate_campaign_table,
     "gate-campaign-trials": lambda: gate_campaign_table("gate-campaign-trials"),
+    "gate-campaign-trials-6": lambda: gate_campaign_table("gate-campaign-trials-6"),
     "gate-sleep": gate_sleep_table,
     "harness-factors": harness_factors_table,
 }
@@ -627,13 +698,19 @@ VALUES: dict[str, Callable[[], str]] = {
     "roofline.agreement": roofline_agreement,
     "roofline.agreement-triad": lambda: roofline_agreement("triad/roofline.jsonl"),
     "roofline.confirm": roofline_confirm,
+    "roofline.read": rooflines_read,
     "roofline.bracketed": roofline_bracketed,
+    "roofline.bracketed-2": lambda: roofline_bracketed("roofline-bracketed-2"),
     "roofline.kernel-width": kernel_width,
     "roofline.step-drift": step_drift,
     "roofline.thp-off": lambda: roofline_agreement("roofline-thp/off.jsonl"),
     "roofline.thp-on": lambda: roofline_agreement("roofline-thp/on.jsonl"),
     "new-entries.summary": new_entries,
     "harness.summary": harness_summary,
+    "gate.trials": lambda: gate_campaign_said("gate-campaign-trials"),
+    "gate.trials-6": lambda: gate_campaign_said("gate-campaign-trials-6"),
+    "gate.trials-spread": lambda: campaign_process_spread("gate-campaign-trials"),
+    "gate.trials-6-spread": lambda: campaign_process_spread("gate-campaign-trials-6"),
     "probe.sleep": lambda: slowdown_probe("sleep"),
     "probe.spin": lambda: slowdown_probe("spin"),
     "probe.padding": lambda: probe("padding"),

@@ -55,6 +55,7 @@ def test_a_gpu_folder_renders_its_own_section(tmp_path):
             record.device, record.device_name = "cuda:0", "NVIDIA H200"
             record.env = {**record.env, "gpu": "NVIDIA H200", "gpu_driver": "580.159.04", "cuda": "13.0"}
             record.device_bandwidth_calibrated_bytes_per_s = 4.0e12  # gpu-check calibrates the GPU first
+            record.device_bandwidth_kernel = "fused-adamw"  # with the stream kernel (a triad record has no roofline)
             if record.optimizer_step_traffic_bytes and record.optimizer_step_median_s:
                 record.roofline_fraction = record.optimizer_step_traffic_bytes / record.optimizer_step_median_s / 4e12
             if record.optimizer == "adamw8bit" and name == "lm.jsonl":
@@ -77,3 +78,52 @@ def test_a_table_typed_by_hand_into_the_readme_is_found():
     lines = len(text.splitlines())
     assert readme_tables.unrendered_tables(typed) == [lines + 2, lines + 3, lines + 4]
     assert readme_tables.unrendered_tables(fenced) == []
+
+
+def _bracket(folder: Path, after_ceiling_bytes_per_s: float, after_slowest_bytes_per_s: float) -> None:
+    """A roofline-bracketed set: a calibration (ceiling 50 GB/s, 5-95 % 46-50), five trials at 80-82 %, and a
+    calibration after them with the ceiling and 5 % quantile given."""
+    from optbench.probes import bandwidth, stream
+    from optbench.records.record import Record
+
+    folder.mkdir(parents=True)
+
+    def calibration(ceiling: float, slowest: float) -> bandwidth.BandwidthCalibration:
+        quantiles = {"0.05": slowest, "0.25": slowest, "0.5": slowest, "0.75": ceiling, "0.95": ceiling}
+        return bandwidth.BandwidthCalibration(machine="m", device_name="cpu", threads=2, ceiling_bytes_per_s=ceiling,
+                                              quantiles_bytes_per_s=quantiles, passes=200, buffer_bytes=2**26,
+                                              kernel=stream.KERNEL)
+
+    bandwidth.save(calibration(5e10, 4.6e10), folder / "before.json")
+    bandwidth.save(calibration(after_ceiling_bytes_per_s, after_slowest_bytes_per_s), folder / "after.json")
+    for seed, fraction in enumerate((0.80, 0.81, 0.81, 0.82, 0.80)):
+        append_record(folder / "roofline.jsonl", Record(
+            trial_id=str(seed), status="ok", seed=seed, optimizer="adamw_fused", roofline_fraction=fraction,
+            optimizer_step_traffic_bytes=636_000_000, optimizer_step_median_s=636e6 / fraction / 5e10,
+            device_bandwidth_calibrated_bytes_per_s=5e10, device_bandwidth_calibrated_spread_bytes_per_s=4e9,
+            device_bandwidth_working_set_bytes=2**28, device_bandwidth_kernel="fused-adamw"))
+
+
+def test_a_bracketed_set_says_whether_the_machine_held_its_speed(tmp_path, monkeypatch):
+    """The second calibration's ceiling inside the first's 5-95 % range: held; outside it: did not hold; a second
+    calibration that was itself unsteady says so, whether kept as a file or refused and kept as what it printed."""
+    monkeypatch.setattr(readme_tables, "RESULTS", tmp_path)
+    _bracket(tmp_path / "held", 4.8e10, 4.4e10)
+    _bracket(tmp_path / "moved", 4.0e10, 2.4e10)
+    held, moved = readme_tables.roofline_bracketed("held"), readme_tables.roofline_bracketed("moved")
+    assert "80.0–82.0 % over 5 trials, each within ±1.2 % of their median (within the ±5 %" in held
+    assert held.endswith("48.0 GB/s, against 50.0 before (5–95 % 46.0–50.0): the machine held its speed over the set "
+                         "by that rule")
+    assert moved.endswith("40.0 GB/s, against 50.0 before (5–95 % 46.0–50.0): the machine did not hold its speed "
+                          "over the set by that rule; that calibration was itself unsteady (its slowest passes ran at "
+                          "60 % of its fastest)")
+    (tmp_path / "moved" / "after.json").unlink()
+    (tmp_path / "moved" / "after-unsteady.txt").write_text(
+        "m: the 95% quantile of the fused-adamw kernel's passes per working set (4 operands):\n"
+        "       256 MiB: ceiling 47.0 GB/s (200 passes; 5-95 % 30.6-47.0 GB/s, median 40.0); unsteady: its slowest "
+        "passes ran at 65% of its fastest (a steady machine's >= 70%)\n")
+    assert readme_tables.roofline_bracketed("moved").endswith(
+        "47.0 GB/s, against 50.0 before (5–95 % 46.0–50.0): the machine held its speed over the set by that rule; "
+        "that calibration was itself unsteady (its slowest passes ran at 65 % of its fastest) and calibrate-bandwidth "
+        "refused to write it: after-unsteady.txt is what it printed")
+    assert readme_tables.roofline_bracketed("absent") == "not measured yet"

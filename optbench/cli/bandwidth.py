@@ -33,7 +33,7 @@ def calibrate_bandwidth_command(args: argparse.Namespace) -> int:
     try:
         found = bandwidth.calibrate(device, machine, device_name(device), environment(device), args.rounds,
                                     args.passes)
-        if not found.steady:
+        if not found.steady and not args.keep_unsteady:
             print(found.describe())
             raise UsageError("calibrate-bandwidth not written: the machine changed speed while it was measured "
                              "(a busy host or neighbour); calibrate again when it is idle")
@@ -43,5 +43,6 @@ def calibrate_bandwidth_command(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise UsageError(f"cannot write {path}: {exc.strerror or exc}") from None
     print(found.describe())
-    print(f"wrote {path}" + ("" if args.out is None else f" (trials read it with {bandwidth.FILE_ENV}={path})"))
+    kept = "" if found.steady else " as asked, though unsteady: no trial's roofline is shown against it"
+    print(f"wrote {path}{kept}" + ("" if args.out is None else f" (trials read it with {bandwidth.FILE_ENV}={path})"))
     return exits.OK

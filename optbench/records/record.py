@@ -25,8 +25,7 @@ from typing import Any
 from optbench.records.environment import MACHINE_KEYS
 from optbench.records.upgrade import upgrade
 
-SCHEMA_VERSION = 3
-# Schema 3: registry entries renamed because their old names are HF Trainer names with other settings.
+SCHEMA_VERSION = 4  # what each version changed, and how older records read back: upgrade.py
 MIB = 2**20
 GIB = 2**30
 REFERENCE_OPTIMIZER = "adamw"  # what every table, paired difference and "% of" column compares against
@@ -84,8 +83,7 @@ class Record:
     state_bytes: int | None = None
     state_bytes_per_param: float | None = None
     state_bytes_by_key: dict[str, int] = field(default_factory=dict)
-    # per module kind: embeddings, attention, mlp, norms/biases, head (optbench/memory/statemap.py)
-    state_bytes_by_module: dict[str, int] = field(default_factory=dict)
+    state_bytes_by_module: dict[str, int] = field(default_factory=dict)  # per module kind (memory/statemap.py)
     analytic_state_bytes: int | None = None
     analytic_state_bytes_per_param: float | None = None
     # memory
@@ -173,9 +171,11 @@ class Record:
     device_bandwidth_source: str | None = None
     device_bandwidth_kernel: str | None = None  # the calibration's probe kernel; None: before the field (a triad)
     device_bandwidth_probe_disagrees: bool | None = None  # the trial probe fell outside the calibration's 5-95 %
-    # traffic / optimizer-step median / the calibrated ceiling (None uncalibrated). Records from before the
-    # calibration divided by their own probe: the report shows those as uncalibrated. > 1: a bad ceiling.
+    # traffic / optimizer-step median / the stream kernel's calibrated ceiling (None: uncalibrated); > 1: a bad ceiling
     roofline_fraction: float | None = None
+    # a record from before the stream kernel (schema < 4): its ratio over a triad's bandwidth, which the fused AdamW
+    # step outstreams, so no roofline (it read up to 1.73); kept as measured (upgrade.py)
+    triad_roofline_fraction: float | None = None
     paged: bool | None = None  # None: not a paged optimizer; False: asked for paging, fell back (why in paged_reason)
     paged_reason: str | None = None
     # per-step samples after warm-up (seconds), so `compare` can test against the distribution

@@ -120,9 +120,19 @@ def _matches_analytic(record: Record) -> str | None:
 def _roofline_pct(record: Record) -> float | None:
     """The roofline in %, only against a steady calibrated ceiling: a record without one (or from before
     calibrations, which divided by its own per-trial probe, or stamped with an unsteady calibration) has none."""
-    if record.roofline_fraction is None or not _steadily_calibrated(record):
+    return _pct_of_steady_ceiling(record, record.roofline_fraction)
+
+
+def triad_roofline_pct(record: Record) -> float | None:
+    """What a record from before the stream kernel read over a steady triad calibration, in %: no roofline (the step
+    outstreams a triad), so no table shows it; the README's history of those sets quotes it as what they read."""
+    return _pct_of_steady_ceiling(record, record.triad_roofline_fraction)
+
+
+def _pct_of_steady_ceiling(record: Record, fraction: float | None) -> float | None:
+    if fraction is None or not _steadily_calibrated(record):
         return None
-    return 100 * record.roofline_fraction
+    return 100 * fraction
 
 
 def _steadily_calibrated(record: Record) -> bool:
@@ -134,14 +144,17 @@ def _steadily_calibrated(record: Record) -> bool:
 
 
 def _ceiling(record: Record) -> str | None:
-    """What the roofline was divided by: `calibrated` (and whether the trial's own probe disagreed with it) or
-    `uncalibrated`; None where the step's traffic is unknown (no roofline to speak of)."""
+    """What the roofline was divided by: `calibrated` (and whether the trial's own probe disagreed with it),
+    `uncalibrated`, or a triad's calibration (no ceiling); None where the step's traffic is unknown (no roofline to
+    speak of)."""
     if record.optimizer_step_traffic_bytes is None:
         return None
     if not record.device_bandwidth_calibrated_bytes_per_s:
         return "uncalibrated"
     if not _steadily_calibrated(record):
         return "unsteady calibration"
+    if record.triad_roofline_fraction is not None:
+        return "a triad's: no ceiling"  # a record from before the stream kernel (records/upgrade.py, schema 4)
     return "calibrated; probe disagrees" if record.device_bandwidth_probe_disagrees else "calibrated"
 
 
