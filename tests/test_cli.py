@@ -155,3 +155,16 @@ def test_a_sweeps_end_summarises_its_records_once(tmp_path, monkeypatch, capsys)
     assert len(calls) == 1
     printed = capsys.readouterr().out
     assert (tmp_path / "study" / "report.md").is_file() and "full report: " in printed
+
+
+def test_a_one_step_job_with_a_seed_given_twice_runs_one_trial_and_says_it_timed_no_step(tmp_path):
+    """A one-step job's only step is the warm-up, which timing leaves out: the trial is recorded, and the line printed
+    for it says so rather than failing on the missing step time. A seed given twice is one trial, not two seeds."""
+    out = tmp_path / "one.jsonl"
+    args = [a if a != "3" else "1" for a in TINY_ARGS]  # --steps 1
+    args[args.index("--warmup-steps") + 1] = "0"
+    result = optbench("run", *args, "--optimizers", "adamw", "--seeds", "0,0", "--no-figures", "--out", out)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(records) == 1 and records[0]["status"] == "ok" and records[0]["step_time_median_s"] is None
+    assert "no timed step" in next(line for line in result.stdout.splitlines() if "seed=0" in line)

@@ -44,8 +44,10 @@ def threshold(text: str) -> float:
 
 
 def int_list(text: str) -> list[int]:
+    """Comma-separated integers, repeats dropped (order kept): a seed given twice would record one trial twice and
+    count it as two seeds in an interval, as `--optimizers` drops a name given twice."""
     try:
-        return [int(part) for part in text.split(",") if part.strip()]
+        return list(dict.fromkeys(int(part) for part in text.split(",") if part.strip()))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got '{text}'") from None
 

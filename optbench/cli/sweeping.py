@@ -144,19 +144,25 @@ def show(record: Record) -> None:
 
 def summary_line(record: Record) -> str:
     """One line per finished trial, while the sweep runs."""
-    from optbench.records.record import MIB
-
     head = f"{record.optimizer:<12} seed={record.seed} {record.status:<8}"
     if record.status != "ok":
         return f"{head} {record.error or ''}"
-    memory = (f"peak CUDA {record.peak_cuda_allocated_bytes / MIB:,.0f} MiB"
-              if record.peak_cuda_allocated_bytes is not None
-              else f"train mem {record.peak_rss_growth_bytes / MIB:,.0f} MiB")
+    memory = (f"peak CUDA {_mib(record.peak_cuda_allocated_bytes)}" if record.peak_cuda_allocated_bytes is not None
+              else f"train mem {_mib(record.peak_rss_growth_bytes)}")
     metrics = record.val_metrics if not record.eval_metrics else record.eval_metrics
     value = metrics.get(record.target_metric)
     score = f"{record.target_metric} {value:.4g}" if value is not None else f"no {record.target_metric}"
-    return (f"{head} state {record.state_bytes / MIB:,.1f} MiB, {memory}, step "
-            f"{record.step_time_median_s * 1e3:,.0f} ms, {score} [{record.wall_s:.0f} s]")
+    # a one-step job has no timed step: its only step is the warm-up, which timing leaves out
+    step = (f"step {record.step_time_median_s * 1e3:,.0f} ms" if record.step_time_median_s is not None
+            else "no timed step")
+    return f"{head} state {_mib(record.state_bytes, 1)}, {memory}, {step}, {score} [{record.wall_s:.0f} s]"
+
+
+def _mib(size_bytes: int | None, decimals: int = 0) -> str:
+    """A size in MiB for the running summary; 'n/a' where the trial did not measure it."""
+    from optbench.records.record import MIB
+
+    return "n/a" if size_bytes is None else f"{size_bytes / MIB:,.{decimals}f} MiB"
 
 
 def finish(args: argparse.Namespace, out: Path) -> None:
