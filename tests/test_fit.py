@@ -195,6 +195,9 @@ def test_a_job_where_every_probe_fails_is_a_table_of_failures_and_an_empty_figur
     trials = table["trials"][0].split("; ")
     assert table["largest batch"].isna().all() and len(trials) == fit.MAX_PROBES
     assert all(trial.endswith(": error") for trial in trials)
+    row = next(line for line in fit.render(result).splitlines() if line.startswith("| adamw"))
+    assert row.startswith("| adamw       | none ") and "NA" not in row and "None" not in row  # says it, in words
+    assert fit._summary(growth, 100 * MIB).startswith("largest none (predicted 56; not bracketed")
     _, figure = fit.save(result, tmp_path / "fit.jsonl")
     assert imread(figure).shape[:2] == (round(4.4 * 130), round(11 * 130))  # the figure's inches x dpi
 

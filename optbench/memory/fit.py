@@ -272,7 +272,8 @@ def fit(budget_bytes: int, optimizers: Sequence[str], out_path: Path, job: Trial
 
 def _summary(growth: Growth, budget_bytes: int) -> str:
     trials = "; ".join(p.describe(budget_bytes) for p in growth.probes)
-    return f"largest {growth.size} (predicted {growth.predicted_size}; {growth.reason}) [{trials}]"
+    largest, predicted = (size if size is not None else "none" for size in (growth.size, growth.predicted_size))
+    return f"largest {largest} (predicted {predicted}; {growth.reason}) [{trials}]"
 
 
 def result_from_records(records: Sequence[Record], budget_bytes: int, grow_by: str = "batch") -> FitResult:
@@ -338,7 +339,9 @@ def render(result: FitResult) -> str:
               "predicted by optbench.memory.predict, confirmed by short trials, several per size: a size fits when "
               "its largest peak is under the budget by at least the spread its trials showed; the next size on the "
               "grid must measure over (or too close to call, or fail oom)"]
-    table = fit_table(result).to_markdown(index=False, floatfmt=".1f")
+    frame = fit_table(result)
+    table = frame.astype(object).where(frame.notna(), None).to_markdown(index=False, floatfmt=".1f",
+                                                                         missingval="none")
     return "\n".join(header) + "\n\n" + table + "\n"
 
 
