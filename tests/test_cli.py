@@ -168,3 +168,22 @@ def test_a_one_step_job_with_a_seed_given_twice_runs_one_trial_and_says_it_timed
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(records) == 1 and records[0]["status"] == "ok" and records[0]["step_time_median_s"] is None
     assert "no timed step" in next(line for line in result.stdout.splitlines() if "seed=0" in line)
+
+
+@pytest.mark.parametrize("args", [["list"], ["estimate", "--params", "7B"]])
+def test_a_reader_that_went_away_ends_the_command_with_141_and_no_traceback(args, tmp_path):
+    """`optbench list | head`: stdout's reader is gone before the command writes (its pipe's read end is closed
+    before it starts, so this does not depend on timing), which a shell reports as SIGPIPE, 141."""
+    import os
+
+    from _tiny import started
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        with open(tmp_path / "err.txt", "w") as err, started(args, stdout=write_end, stderr=err) as process:
+            code = process.wait(timeout=120)
+    finally:
+        os.close(write_end)
+    assert code == 141, (tmp_path / "err.txt").read_text()
+    assert (tmp_path / "err.txt").read_text() == ""

@@ -9,6 +9,8 @@ so `list` and `report` start fast.
 
 from __future__ import annotations
 
+import os
+import select
 import signal
 import sys
 from typing import NoReturn
@@ -74,6 +76,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"optbench: error: {package} is not installed in this Python ({sys.executable}): "
               f"pip install {REQUIRED[package]}, or `pip install -e .` from a checkout", file=sys.stderr)
         return exits.USAGE
+    except BrokenPipeError:
+        if not _stdout_closed():
+            raise  # a pipe of ours (to a child, a scheduler): a real failure, not a reader gone
+        return exits.PIPE_CLOSED
     except ResultsWriteError as exc:  # the results file stopped taking records (disk full, ...)
         print(f"optbench: error: {exc.strerror or exc}; free space or pick another --out, then rerun to resume",
               file=sys.stderr)
@@ -81,3 +87,19 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+def _stdout_closed() -> bool:
+    """Whether stdout's reader went away (`optbench list | head`): the write end of a pipe with no reader polls as an
+    error. If so, stdout is pointed at /dev/null, so the flush at exit does not fail again and print a traceback after
+    the answer the reader already took."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # replaced by a stream with no descriptor (a test's capture)
+        return False
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    if not any(events & select.POLLERR for _, events in poller.poll(0)):
+        return False
+    os.dup2(os.open(os.devnull, os.O_WRONLY), fd)
+    return True

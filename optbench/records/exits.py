@@ -18,6 +18,7 @@ TRIAL_FAILED = 3  # a trial ended `error` or `timeout` (`--allow-errors`: 0)
 WRITE_FAILED = 4  # the results file stopped taking records (disk full, read-only): what was written stays
 INTERRUPTED = 128 + signal.SIGINT  # 130: Ctrl-C, after the trials finished so far were recorded
 TERMINATED = 128 + signal.SIGTERM  # 143: SIGTERM (a scheduler's or CI's cancel), likewise
+PIPE_CLOSED = 128 + signal.SIGPIPE  # 141: stdout's reader went away (`| head`), as a shell reports SIGPIPE
 
 TABLE = {OK: "ok (oom, diverged and skipped trials are results)",
          REGRESSION: "a regression (compare, nightly), nothing fits (recommend), or a check failed (the predictor's "
@@ -26,4 +27,5 @@ TABLE = {OK: "ok (oom, diverged and skipped trials are results)",
          TRIAL_FAILED: "a trial ended error or timeout (--allow-errors: 0)",
          WRITE_FAILED: "the results file could not be written (disk full, read-only); rerun to resume",
          INTERRUPTED: "interrupted by SIGINT after recording the finished trials",
-         TERMINATED: "terminated by SIGTERM after recording the finished trials"}
+         TERMINATED: "terminated by SIGTERM after recording the finished trials",
+         PIPE_CLOSED: "stdout's reader went away (`| head`); what was recorded stays"}
