@@ -43,6 +43,9 @@ CASES = [
     (RUN + ["--model", "not-a-model"], "not-a-model"),
     (RUN + ["--dataset", "empty.csv"], "cannot read dataset file empty.csv"),
     (RUN + ["--dataset", "one-class.csv"], "has a single class in 'label'"),
+    # a batch larger than the training rows it is drawn from (it would be cut to them, and its samples/s overstated)
+    (RUN + ["--batch-size", "100000"], "--batch-size 100000 is more than the 3600 training rows this job has"),
+    (RUN + ["--workload", "lm", "--batch-size", "100000"], "use --batch-size 14746 or less"),  # blocks of 16
     (RUN + ["--device", "cuda"], "sees no CUDA device (use --device cpu)"),
     (RUN + ["--device", "tpu"], "unknown device 'tpu'; use auto, cpu, cuda or cuda:N"),
     # report / compare: malformed JSON where results are read

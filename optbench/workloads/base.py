@@ -118,12 +118,25 @@ def take(split: Split, index: torch.Tensor | slice) -> Split:
     return {k: v[index] for k, v in split.items()}
 
 
+def validation_rows(total: int, fraction: float) -> int:
+    """How many of `total` training rows the validation split takes (at least one, never all)."""
+    return min(total - 1, max(1, round(total * fraction)))
+
+
+def check_batch_fits(spec: TrialSpec, training_rows: int) -> None:
+    """A batch larger than the rows it is drawn from would be cut to them (`batch_indices` takes what there is),
+    and the record would carry a batch size, and samples/s, that never trained: refused, naming the largest."""
+    if spec.batch_size > training_rows:
+        raise WorkloadError(f"--batch-size {spec.batch_size} is more than the {training_rows} training rows this job "
+                            f"has (after its validation share); use --batch-size {training_rows} or less")
+
+
 def carve_validation(train: Split, fraction: float) -> tuple[Split, Split]:
     """(train without the validation rows, the validation rows): a fixed, seeded share of training data."""
     import torch
 
     total = rows(train)
-    count = min(total - 1, max(1, round(total * fraction)))
+    count = validation_rows(total, fraction)
     order = torch.randperm(total, generator=torch.Generator().manual_seed(VAL_SEED))
     return take(train, order[count:]), take(train, order[:count])
 
@@ -134,6 +147,7 @@ def split_for_stage(spec: TrialSpec, train: Split, held_out: Split) -> tuple[Spl
     also scored on validation, which picks its lr, while eval alone is reported."""
     evaluation = take(held_out, slice(0, spec.eval_size))
     train, val = carve_validation(train, spec.val_fraction)
+    check_batch_fits(spec, rows(train))
     return train, val if spec.stage is not None else None, evaluation
 
 

@@ -19,6 +19,7 @@ from optbench.workloads.base import (
     Split,
     Workload,
     WorkloadError,
+    check_batch_fits,
     check_model,
     length_sorted_batches,
     load_tokenizer,
@@ -28,6 +29,7 @@ from optbench.workloads.base import (
     quiet_transformers,
     split_for_stage,
     user_splits,
+    validation_rows,
 )
 
 if TYPE_CHECKING:
@@ -127,6 +129,7 @@ class Classification(Workload):
         train, _, _ = _labelled_splits(spec)
         if train.features["label"].num_classes < 2:
             raise WorkloadError(f"dataset {spec.dataset} has one class; classification needs at least two")
+        check_batch_fits(spec, len(train) - validation_rows(len(train), spec.val_fraction))
         source = self.model_source(spec)
         if source is not None:
             check_model(source)

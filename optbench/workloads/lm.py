@@ -25,6 +25,7 @@ from optbench.workloads.base import (
     Split,
     Workload,
     WorkloadError,
+    check_batch_fits,
     check_model,
     eval_batches,
     load_tokenizer,
@@ -33,6 +34,7 @@ from optbench.workloads.base import (
     quiet_transformers,
     split_for_stage,
     user_splits,
+    validation_rows,
 )
 
 if TYPE_CHECKING:
@@ -124,7 +126,10 @@ class CausalLM(Workload):
     def check(self, spec: TrialSpec) -> None:
         self.check_options(spec)
         if spec.dataset is not None:
-            self._texts(spec)
+            self._texts(spec)  # its blocks are known once tokenized: a batch too large for them fails the trial
+        else:
+            total = markov.TRAIN_TOKENS // spec.seq_len  # the Markov stream's blocks, known without building it
+            check_batch_fits(spec, total - validation_rows(total, spec.val_fraction))
         if spec.model:
             check_model(spec.model)
 
