@@ -99,6 +99,26 @@ def sweep_minutes(*files: str) -> str:
     return f"{(max(ends) - min(starts)) / 60:.1f}"
 
 
+def registry_entries() -> str:
+    """The registry's size from the package itself (not from records: it is code, and the intro must not drift from
+    it), and how many of HF Trainer's `optim` names it covers."""
+    from transformers.training_args import OptimizerNames
+
+    from optbench import optimizers
+
+    def known(name: str) -> bool:
+        try:
+            return bool(optimizers.resolve(name))
+        except optimizers.UnknownOptimizerError:
+            return False
+
+    entries = optimizers.REGISTRY.values()
+    names = [member.value for member in OptimizerNames]
+    covered = sum(map(known, names))
+    return (f"{len(entries)} entries from {len({spec.library for spec in entries})} libraries, covering {covered} "
+            f"of the {len(names)} `optim` names HF Trainer accepts")
+
+
 def results_files() -> list[Path]:
     """Every results file under results/cpu-2core: the records (*.jsonl) and the stamped JSON documents (the
     harness check's pytest-benchmark file, the bare-loop probe, a bandwidth calibration)."""
@@ -672,6 +692,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "harness-factors": harness_factors_table,
 }
 VALUES: dict[str, Callable[[], str]] = {
+    "registry.entries": registry_entries,
     "study.minutes": lambda: sweep_minutes("study.jsonl"),
     "study-control.minutes": lambda: sweep_minutes("study-control.jsonl"),
     "saturated-study.minutes": lambda: sweep_minutes("saturated/study.jsonl"),
