@@ -187,3 +187,10 @@ def test_a_reader_that_went_away_ends_the_command_with_141_and_no_traceback(args
         os.close(write_end)
     assert code == 141, (tmp_path / "err.txt").read_text()
     assert (tmp_path / "err.txt").read_text() == ""
+
+
+def test_list_options_drop_repeats_and_keep_order():
+    """A seed or an lr given twice would be one trial recorded twice, counted twice in an interval."""
+    from optbench.cli.argtypes import float_list, int_list
+
+    assert int_list("3,1,3,") == [3, 1] and float_list("1e-3,0.001,2e-3") == [1e-3, 2e-3]

@@ -57,7 +57,8 @@ def name_list(text: str) -> list[str]:
 
 
 def float_list(text: str) -> list[float]:
-    values = [positive_float(part) for part in text.split(",") if part.strip()]
+    """Comma-separated positive numbers (an lr grid), repeats dropped (order kept), as `int_list`."""
+    values = list(dict.fromkeys(positive_float(part) for part in text.split(",") if part.strip()))
     if not values:
         raise argparse.ArgumentTypeError(f"expected comma-separated positive numbers, got '{text}'")
     return values
