@@ -121,6 +121,22 @@ def test_no_fidelity_figure_without_fidelity_data_and_a_stale_one_goes(records, 
     assert not (tmp_path / "fidelity.png").exists()
 
 
+def test_the_trade_off_places_no_job_that_did_not_train_on_its_quality_axis(tmp_path, drawn):
+    """adafactor ended within two points of chance (untrained): it has no quality figure, so no point; it is named
+    instead. A second job (another batch) whose one trial diverged gets a panel that says so, not a crash."""
+    at_chance = dict(metric_chance=0.5, target_metric="accuracy", target_mode="max")
+    records = [_record("a0", "adamw", 0, 20, 50, 0.90, **at_chance), _record("c0", "adafactor", 0, 0.1, 5, 0.51,
+                                                                              **at_chance),
+               Record(trial_id="x", optimizer="adamw", status="diverged", error="nan", **{**JOB, "batch_size": 8})]
+    write_plots(*_frames(records), tmp_path)
+    state, _, other_state, _ = drawn["tradeoff.png"].axes
+    assert _points(state) == [(20.0, 0.9)]
+    assert "not shown: adafactor (untrained)" in state.get_title(loc="left")
+    assert not _points(other_state) and [t.get_text() for t in other_state.texts] == [
+        "no trial of this job ended ok and trained"]
+    assert "not shown: adamw (diverged)" in other_state.get_title(loc="left")
+
+
 def test_no_figures_when_nothing_finished(tmp_path):
     failed = [Record(trial_id="x", optimizer="adamw", status="error", error="boom", **JOB)]
     assert write_plots(*_frames(failed), tmp_path) == []

@@ -23,7 +23,7 @@ from matplotlib.ticker import MaxNLocator
 from optbench.optimizers import REGISTRY
 from optbench.optimizers.base import MODULE_KINDS
 from optbench.records.record import MIB
-from optbench.report import pareto, stats
+from optbench.report import cells, pareto, stats
 from optbench.report.frame import lr_choices, time_to_target_by_job
 from optbench.report.png import save_figure
 
@@ -120,8 +120,17 @@ def _fidelity_note(trials: pd.DataFrame, job: str) -> str:
 
 
 def _not_shown(summary: pd.DataFrame, job: str) -> str:
-    failed = summary[(summary["job"] == job) & (summary["status"] != "ok")]
-    return ", ".join(f"{r.optimizer} ({r.status})" for r in failed.itertuples())
+    """The job's optimizers the trade-off leaves out: those that did not end ok, and those at chance (no quality
+    figure from a job that did not train)."""
+    rows = summary[summary["job"] == job]
+    return ", ".join(f"{row['optimizer']} ({row['status'] if row['status'] != 'ok' else cells.UNTRAINED})"
+                     for _, row in rows.iterrows() if row["status"] != "ok" or cells.untrained_row(row))
+
+
+def _trained(rows: pd.DataFrame) -> pd.DataFrame:
+    """The rows that ended ok and trained: what the trade-off can place on a quality axis."""
+    ok = rows[rows["status"] == "ok"]
+    return ok[[not cells.untrained_row(row) for _, row in ok.iterrows()]]
 
 
 def _marker_areas(step_ms: pd.Series) -> pd.Series:
@@ -160,6 +169,11 @@ def _metric_label(frame: pd.DataFrame, prefix: str = "eval") -> tuple[str, str]:
 
 
 def _tradeoff_panel(ax, ok: pd.DataFrame, x: str, xlabel: str, areas: pd.Series) -> None:
+    if ok.empty:  # every trial of this job failed, diverged, was skipped or stayed at chance: the title lists them
+        ax.text(0.5, 0.5, "no trial of this job ended ok and trained", transform=ax.transAxes, ha="center",
+                va="center")
+        ax.set_xlabel(xlabel)
+        return
     y = "eval_target"
     points = ok[ok[x].map(stats.is_finite) & ok[y].map(stats.is_finite)]
     ylabel, mode = _metric_label(ok)
@@ -192,7 +206,7 @@ def plot_tradeoff(trials: pd.DataFrame, summary: pd.DataFrame, path: Path) -> Pa
     areas = _marker_areas(summary.loc[summary["status"] == "ok", "step_ms"])
     fig, panels = _panels(summary, 2)
     for axes, job, rows in panels:
-        ok = rows[rows["status"] == "ok"]
+        ok = _trained(rows)
         _tradeoff_panel(axes[0], ok, "state_mib", "optimizer state (MiB)", areas)
         _tradeoff_panel(axes[1], ok, "peak_memory_mib", f"peak training memory (MiB): {_peak_basis(trials, job)}",
                         areas)
