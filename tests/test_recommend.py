@@ -138,3 +138,18 @@ def test_only_the_finals_of_a_study_count_and_a_second_job_is_named_not_mixed():
     assert next(r for r in rows if r.estimate.optimizer == "adamw").quality == pytest.approx(0.85)
     header = render(rows, SIZE, 10 * 2**30, "fp32", "r.jsonl").splitlines()[1]
     assert "batch 16" in header and "1 other job in r.jsonl left out" in header
+
+
+def test_an_optimizer_that_stayed_at_chance_gets_no_quality_figure_and_is_not_ranked():
+    """adafactor's every seed ended within two points of chance (0.5): no figure, off the front, said in words;
+    adamw8bit trained and is ranked against adamw as before."""
+    records = _records([("adamw", 0.93, 100 * MIB, 8.0), ("adafactor", 0.51, 50 * MIB, 0.02),
+                        ("adamw8bit", 0.92, 300 * MIB, 2.04)])
+    for record in records:
+        record.metric_chance = 0.5
+    rows = {r.estimate.optimizer: r for r in recommend(SIZE, 10 * 2**30, records)}
+    assert rows["adafactor"].quality is None and rows["adafactor"].untrained and not rows["adafactor"].pareto
+    assert rows["adamw8bit"].quality == pytest.approx(0.92) and not rows["adamw8bit"].untrained
+    text = render(list(rows.values()), SIZE, 10 * 2**30, "fp32", "r.jsonl")
+    line = next(line for line in text.splitlines() if line.startswith("adafactor "))
+    assert "accuracy untrained (every seed at chance: no figure)" in line and "0.51" not in line

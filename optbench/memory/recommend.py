@@ -4,7 +4,8 @@ Memory per optimizer is estimate.py's weights + grads + state (analytic from the
 measured per parameter from results) plus, when results are given, the activation overhead measured
 in them (`other_peak_bytes`: peak minus weights, grads and state). Quality is the results' target metric
 (metrics.eval_target: accuracy for a classifier, perplexity for the `lm` workload, with its direction), and
-how it compares with AdamW is said in the verdict words of stats.py (paired over the seeds both ran).
+how it compares with AdamW is said in the verdict words of stats.py (paired over the seeds both ran); an optimizer
+whose every seed ended at chance has no quality figure (report/bounds.py's `untrained`), and is not ranked on it.
 Among the optimizers that fit, the ones on the Pareto front (pareto.pareto_front: no other fitting optimizer
 needs less memory *and* scores at least as well) come first; then the rest that fit; then what does not fit.
 
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from optbench.memory import estimate as est
 from optbench.optimizers import REGISTRY, UnknownOptimizerError, resolve
 from optbench.records.record import REFERENCE_OPTIMIZER, Record
-from optbench.report import pareto, stats
+from optbench.report import bounds, pareto, stats
 from optbench.report.metrics import eval_target
 
 
@@ -36,6 +37,7 @@ class Recommendation:
     pareto: bool
     unavailable: str | None  # why this optimizer cannot run here (a missing library), else None
     verdict: str | None = None  # against the reference optimizer, in the verdict words
+    untrained: bool = False  # every seed ended at chance (report/bounds.py): no quality figure, not weighed
     metric: str = "accuracy"  # the results' target metric
     mode: str = "max"  # its direction: "max" larger is better, "min" smaller
     job: str | None = None  # the results' job the measurements come from (None: no results)
@@ -61,6 +63,7 @@ class Quality:
     metric: str = "accuracy"
     mode: str = "max"
     by_seed: dict[str, dict[int, float]] = dataclasses.field(default_factory=dict)
+    untrained: frozenset[str] = frozenset()  # every seed at chance: left out of by_seed (no figure from them)
 
     def mean(self, name: str) -> float | None:
         seeds = self.by_seed.get(name)
@@ -111,11 +114,16 @@ def quality_of(records: Sequence[Record]) -> Quality:
 
 
 def _quality(records: Sequence[Record]) -> Quality:
+    """The target metric per optimizer and seed; an optimizer whose every seed ended at chance (the report's
+    `untrained`) gets no figure, so it is neither ranked nor compared, as in the report's tables."""
     scored = next((r for r in records if r.status == "ok" and eval_target(r) is not None), None)
     if scored is None:
         return Quality()
     same = [r for r in records if r.target_metric == scored.target_metric]
-    return Quality(scored.target_metric, scored.target_mode, _per_seed(same, eval_target))
+    at_chance = _per_seed(same, lambda r: float(bounds.untrained(eval_target(r), r.metric_chance, scored.target_mode)))
+    untrained = frozenset(name for name, seeds in at_chance.items() if all(v == 1.0 for v in seeds.values()))
+    by_seed = {name: seeds for name, seeds in _per_seed(same, eval_target).items() if name not in untrained}
+    return Quality(scored.target_metric, scored.target_mode, by_seed, untrained)
 
 
 def recommend(size: est.ModelSize, budget_bytes: int, records: Sequence = (), precision: str = "fp32",
@@ -143,6 +151,7 @@ def recommend(size: est.ModelSize, budget_bytes: int, records: Sequence = (), pr
             estimate=estimate, activation_bytes=None if activation is None else round(activation),
             quality=quality.mean(estimate.optimizer), fits=False, pareto=False,
             unavailable=REGISTRY[estimate.optimizer].unavailable_reason(), verdict=found.text if found else None,
+            untrained=estimate.optimizer in quality.untrained,
             metric=quality.metric, mode=quality.mode, job=finals.job, other_jobs=finals.other_jobs))
     rows = [dataclasses.replace(r, fits=r.total_bytes <= budget_bytes) for r in rows]
     scored = [r for r in rows if r.fits and r.quality is not None]
@@ -169,14 +178,17 @@ def _reason(row: Recommendation, rows: Sequence[Recommendation], budget_bytes: i
                  f"+ {e.describe_margin()}")
     elif row.activation_bytes is not None:
         parts += f" + activations {_gib(row.activation_bytes)} (measured)"
-    quality = f"{row.metric} {row.quality:.4g}" if row.quality is not None else f"{row.metric} not measured"
+    quality = (f"{row.metric} {row.quality:.4g}" if row.quality is not None
+               else f"{row.metric} untrained (every seed at chance: no figure)" if row.untrained
+               else f"{row.metric} not measured")
     quality += f" ({row.verdict} vs {REFERENCE_OPTIMIZER})" if row.verdict else ""
     if not row.fits:
         verdict = f"does not fit: {_gib(row.total_bytes - budget_bytes)} over the budget"
     elif row.pareto:
         verdict = "Pareto front: nothing that fits needs less memory and scores at least as well"
     elif row.quality is None:
-        verdict = f"fits; no results to weigh its {row.metric}"
+        verdict = f"fits; its {row.metric} did not train here" if row.untrained else \
+            f"fits; no results to weigh its {row.metric}"
     else:
         better = _dominator(row, [r for r in rows if r.fits and r.quality is not None])
         verdict = f"fits, but {better.estimate.optimizer} needs no more memory and scores at least as well"
