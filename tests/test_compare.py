@@ -89,6 +89,22 @@ def test_accuracy_drop_in_points(base, tmp_path, capsys):
     assert main(["compare", str(base), str(better)]) == 0
 
 
+def test_a_side_at_chance_has_no_accuracy_to_compare_and_falling_to_it_is_a_regression(tmp_path, capsys):
+    """Chance 0.5: adamw at 0.505 on both sides never trained, so neither side has a figure and nothing is gated on
+    them (the cell says so); adamw8bit trained in BASE (0.88) and sits at chance in NEW: a regression in words."""
+    chance = [dataclasses.replace(r, metric_chance=0.5) for r in BASE]
+    base = _write(tmp_path / "base.jsonl", [dataclasses.replace(r, eval_accuracy=0.505) if r.optimizer == "adamw"
+                                            else r for r in chance])
+    new = _write(tmp_path / "new.jsonl", [dataclasses.replace(r, eval_accuracy=0.505) for r in chance])
+    assert main(["compare", str(base), str(new)]) == 1
+    out = capsys.readouterr().out
+    adamw = next(line for line in out.splitlines() if line.startswith("| adamw "))
+    assert "untrained → untrained" in adamw and adamw.rstrip(" |").endswith("ok")
+    assert f"- adamw8bit [{LABEL}]: eval accuracy was 88 %, now untrained (at chance)" in out
+    assert main(["compare", str(new), str(base)]) == 0  # from chance to trained: news, not a regression
+    assert "untrained → 88.0" in capsys.readouterr().out
+
+
 def test_a_trial_that_failed_or_vanished_is_a_regression(base, tmp_path, capsys):
     oom = _doctored(tmp_path / "oom.jsonl", "adamw8bit", status="oom", error="CUDA out of memory")
     assert main(["compare", str(base), str(oom)]) == 1

@@ -13,7 +13,9 @@ significant — the 95 % confidence interval of the change lies wholly beyond th
 - quality (the job's target metric): paired over the seeds both runs share (stats.paired_verdict, the margin
   being the threshold, so the cell reads in the report's verdict words). Accuracy-like metrics (in [0, 1])
   regress on a drop beyond `max_accuracy_drop_pts` points; perplexity, loss and the like on a relative
-  worsening beyond `max_metric_worsening_pct` %. One shared seed: plain threshold.
+  worsening beyond `max_metric_worsening_pct` %. One shared seed: plain threshold. A side whose every seed ended at
+  chance (report/bounds.py's `untrained`) has no figure: nothing is tested against it, and a row that trained in
+  BASE and sits at chance in NEW regresses, said in words.
 - memory (peak, state bytes): plain threshold. State bytes are exact and a CUDA peak is repeatable, so any
   change beyond the threshold is real; a CPU peak (RSS) moves by pages and arenas, so a peak must also grow by
   more than `min_peak_growth_mib` (0 by default; the nightly sets it on CPU).
@@ -38,7 +40,7 @@ from pathlib import Path
 import pandas as pd
 
 from optbench.records.record import Record
-from optbench.report import metrics, noise, stats
+from optbench.report import cells, metrics, noise, stats
 from optbench.report.environments import busy_machine, environment_differences, run_commits
 from optbench.report.frame import per_seed, summarize, trials_frame
 from optbench.report.metrics import MEMORY, QUALITY, TIME, Metric
@@ -236,8 +238,16 @@ def _compare_pair(pair: Pair, ok: tuple[dict, dict], trials: tuple[dict, dict], 
     base, new = ok[0].get(pair), ok[1].get(pair)
     kind = _row_kind(base, new)
     row, problems = {"target_metric": kind.target_metric, "target_mode": kind.target_mode, "scale": kind.scale}, []
+    untrained = [side is not None and cells.untrained_row(side) for side in (base, new)]
     for metric in metrics.gated():
         before, after = _value(base, metric.column), _value(new, metric.column)
+        if metric.gate == QUALITY:  # a side at chance has no quality figure (report/bounds.py): nothing to test
+            before, after = (None if flag else value for flag, value in zip(untrained, (before, after), strict=True))
+            row.update({f"{metric.column}_{side}_untrained": flag for side, flag in zip(("base", "new"), untrained,
+                                                                                          strict=True)})
+            if untrained[1] and before is not None:
+                problems.append(f"{metric.name(kind.target_metric)} was {_scale(metric, row, before):.4g} "
+                                f"{_unit(metric, row)}, now {cells.UNTRAINED} (at chance)")
         change = measure_change(metric, before, after, trials[0].get(pair), trials[1].get(pair), kind, limits,
                                 history.get(metric.column, noise.NO_HISTORY))
         row.update({f"{metric.column}_base": before, f"{metric.column}_new": after,
@@ -297,10 +307,12 @@ def _cell(metric: Metric, row: pd.Series) -> str:
     before = _scale(metric, row, _value(row, f"{metric.column}_base"))
     after = _scale(metric, row, _value(row, f"{metric.column}_new"))
     delta = _value(row, f"{metric.column}_delta")
-    if before is None and after is None:
+    at_chance = [row.get(f"{metric.column}_{side}_untrained") is True for side in ("base", "new")]
+    if before is None and after is None and not any(at_chance):
         return ""
     decimals = 1 if metric.gate == QUALITY and row.get("scale") == stats.POINTS else metric.decimals
-    show = [("-" if v is None else f"{v:,.{decimals}f}") for v in (before, after)]
+    show = [(cells.UNTRAINED if flag else "-" if v is None else f"{v:,.{decimals}f}")
+            for flag, v in zip(at_chance, (before, after), strict=True)]
     if delta is None:
         return f"{show[0]} → {show[1]}"
     unit = "pts" if metric.gate == QUALITY and row.get("scale") == stats.POINTS else "%"
