@@ -12,9 +12,10 @@ from matplotlib.collections import PathCollection
 from matplotlib.image import imread
 
 from optbench.records.record import Record
-from optbench.report import plots
+from optbench.report import canvas, plots
+from optbench.report.canvas import mean_band
 from optbench.report.frame import summarize, trials_frame
-from optbench.report.plots import label_offsets, mean_band, write_plots
+from optbench.report.plots import label_offsets, write_plots
 
 MIB = 2**20
 JOB = dict(model="m", dataset="d", device="cpu", steps=4, warmup_steps=1, batch_size=4, seq_len=8, workload="w")
@@ -67,13 +68,13 @@ def _frames(records):
 def drawn(monkeypatch):
     """file name -> the Figure written to it, as write_plots draws them."""
     figures = {}
-    save = plots._save
+    save = plots.save_titled
 
     def keep(fig, title, path):
         figures[path.name] = fig
         return save(fig, title, path)
 
-    monkeypatch.setattr(plots, "_save", keep)
+    monkeypatch.setattr(plots, "save_titled", keep)
     return figures
 
 
@@ -90,7 +91,7 @@ def test_every_figure_shows_what_the_records_hold(records, tmp_path, drawn):
     paths = write_plots(*_frames(records), tmp_path)
     assert [p.name for p in paths] == ["tradeoff.png", "curves.png", "memory.png", "fidelity.png"]
     for path in paths:  # each file is the figure drawn, at its size in inches x dpi
-        width, height = drawn[path.name].get_size_inches() * plots.DPI
+        width, height = drawn[path.name].get_size_inches() * canvas.DPI
         assert path.read_bytes().startswith(PNG_SIGNATURE) and imread(path).shape[:2] == (round(height), round(width))
     state, peak = drawn["tradeoff.png"].axes
     assert (state.get_xlabel(), state.get_ylabel()) == ("optimizer state (MiB)", "eval accuracy (higher is better)")

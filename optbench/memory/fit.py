@@ -351,7 +351,7 @@ def plot(result: FitResult, path: Path) -> Path:
     import pandas as pd
     from matplotlib.figure import Figure
 
-    from optbench.report.plots import optimizer_colour
+    from optbench.report.canvas import optimizer_colour
     from optbench.report.png import save_figure
 
     table = fit_table(result)

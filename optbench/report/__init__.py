@@ -6,7 +6,7 @@ optimum), `compare.py` (BASE vs NEW: the regression gate),
 `noise.py` (its run-to-run interval for times), `environments.py` (whether two runs are like with like),
 `campaign.py` (the gate's error rates from a campaign of runs), `cells.py` (a summary row's cells as text),
 `render.py` (markdown, csv, json, terminal) and `html_page.py`, `plots.py` and `scaling.py` (figures and the
-state-vs-params fit).
+state-vs-params fit) on `canvas.py` (what every figure shares: panels per job, each optimizer's colour).
 
 Adding a report column: one `Metric` in `metrics.py` (and the Record field it reads).
 

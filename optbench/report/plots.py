@@ -1,9 +1,8 @@
 """The report's figures: the memory-metric trade-off, loss curves, the peak-memory split, where the state bytes
 go, update fidelity, and for studies the lr sensitivity, the eval metric against time and the performance profile.
 
-Figures are drawn on matplotlib `Figure` objects with the Agg canvas, never through pyplot, so they
-render headless (CI, ssh) and leave no global state behind. This module is imported only when the
-report writes figures, so the table-only paths never pay for matplotlib.
+Figures are drawn on the canvas every figure shares (canvas.py: Agg, never pyplot, so they render headless). This
+module is imported only when the report writes figures, so the table-only paths never pay for matplotlib.
 
 Inputs are summary.py's frames: `trials` (one row per trial, with curves) and `summary` (one row per job x
 optimizer x status, over seeds). One row of panels per job. Error bars and bands are 95 % Student-t intervals
@@ -17,96 +16,29 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from optbench.optimizers import REGISTRY
 from optbench.optimizers.base import MODULE_KINDS
 from optbench.records.record import MIB
 from optbench.report import cells, pareto, stats
+from optbench.report.canvas import (
+    carrying,
+    job_panels,
+    mean_band,
+    metric_label,
+    new_figure,
+    optimizer_colour,
+    optimizer_line,
+    save_titled,
+    stacked_bars,
+)
 from optbench.report.frame import lr_choices, time_to_target_by_job
-from optbench.report.png import save_figure
 
-DPI = 130
-PANEL_IN = (6.4, 4.6)  # width, height of one panel in inches
 MARKER_AREA_PT2 = (40.0, 500.0)  # smallest, largest marker area: the fastest and the slowest optimizer
 # Peak-memory parts, bottom to top, with their colours (not the optimizers' colours: these are parts).
 MEMORY_PARTS = [("weights_mib", "weights", "#4c72b0"), ("grads_mib", "grads", "#8fb0d8"), ("state_mib",
                 "optimizer state", "#dd8452"), ("other_mib_clipped", "rest (activations, temporaries)", "#c7c7c7")]
 MODULE_COLOURS = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3")
-
-
-def mean_band(curves: Sequence[Sequence[float | None]]) -> tuple[np.ndarray, np.ndarray]:
-    """Per-step mean and standard deviation over seeds; None (a skipped step) and ragged tails are ignored."""
-    length = max((len(c) for c in curves), default=0)
-    table = np.full((len(curves), length), np.nan)
-    for row, curve in enumerate(curves):
-        table[row, :len(curve)] = [np.nan if v is None else v for v in curve]
-    counts = np.sum(~np.isnan(table), axis=0)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        mean = np.nansum(table, axis=0) / counts
-        std = np.sqrt(np.nansum((table - mean) ** 2, axis=0) / np.maximum(counts - 1, 1))
-    return mean, np.where(counts > 1, std, 0.0)
-
-
-def _registry_index(name: str) -> int:
-    names = list(REGISTRY)
-    return names.index(name) if name in names else len(names) + sum(map(ord, name))
-
-
-def optimizer_colour(name: str) -> str:
-    """The same colour for an optimizer in every figure (registry order on the tab10 palette)."""
-    return f"C{_registry_index(name) % 10}"
-
-
-def optimizer_line(name: str) -> dict[str, object]:
-    """A line style and width per optimizer as well, so curves that coincide (and colour-blind readers) still
-    tell them apart: a thinner dashed line drawn over a thicker solid one leaves both visible."""
-    index = _registry_index(name) % 4
-    return {"ls": ["-", "--", ":", "-."][index], "lw": 2.6 - 0.4 * index}
-
-
-def _figure(rows: int, cols: int) -> tuple[Figure, np.ndarray]:
-    fig = Figure(figsize=(PANEL_IN[0] * cols, PANEL_IN[1] * rows), dpi=DPI, layout="constrained")
-    return fig, np.atleast_2d(fig.subplots(rows, cols, squeeze=False))
-
-
-def _save(fig: Figure, title: str, path: Path) -> Path:
-    fig.suptitle(title, fontsize=11)
-    return save_figure(fig, path)
-
-
-def _stacked(ax, names: pd.Series, parts: list[tuple[str, np.ndarray, str]], ylabel: str) -> np.ndarray:
-    """Stacked bars per name from (label, heights, colour) parts, bottom first; the legend reads top first."""
-    bottom = np.zeros(len(names))
-    for label, heights, colour in parts:
-        ax.bar(names, heights, bottom=bottom, color=colour, label=label, edgecolor="white", lw=0.5)
-        bottom += heights
-    handles, labels = ax.get_legend_handles_labels()
-    ax.legend(handles[::-1], labels[::-1], fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
-    ax.set_ylabel(ylabel)
-    ax.grid(axis="y", alpha=0.3)
-    return bottom
-
-
-def _panels(frame: pd.DataFrame, cols: int = 1) -> tuple[Figure, list[tuple[np.ndarray, str, pd.DataFrame]]]:
-    """The figure, and per job (one row of panels each): its axes row, its label and its rows of `frame`."""
-    fig, axes = _figure(frame["job"].nunique(), cols)
-    return fig, [(axes[i], job, frame[frame["job"] == job]) for i, job in enumerate(dict.fromkeys(frame["job"]))]
-
-
-def _carries(value: object) -> bool:
-    """A curve with a value in it, or a non-empty split."""
-    items = value.values() if isinstance(value, dict) else value if isinstance(value, list) else []
-    return any(v is not None for v in items)
-
-
-def _carrying(trials: pd.DataFrame, column: str) -> pd.DataFrame:
-    """The ok trials whose `column` holds data (a curve with a value, a non-empty split)."""
-    if trials.empty or column not in trials:
-        return trials.iloc[:0]
-    ok = trials[trials["status"] == "ok"]
-    return ok[ok[column].map(_carries)]
 
 
 def _peak_basis(trials: pd.DataFrame, job: str) -> str:
@@ -162,12 +94,6 @@ def label_offsets(xs: Sequence[float], ys: Sequence[float], near_x: float = 0.25
     return offsets
 
 
-def _metric_label(frame: pd.DataFrame, prefix: str = "eval") -> tuple[str, str]:
-    """(axis label, mode) for the job's target metric as the records name it."""
-    mode = str(frame["target_mode"].iloc[0])
-    return f"{prefix} {frame['target_metric'].iloc[0]} ({'higher' if mode == 'max' else 'lower'} is better)", mode
-
-
 def _tradeoff_panel(ax, ok: pd.DataFrame, x: str, xlabel: str, areas: pd.Series) -> None:
     if ok.empty:  # every trial of this job failed, diverged, was skipped or stayed at chance: the title lists them
         ax.text(0.5, 0.5, "no trial of this job ended ok and trained", transform=ax.transAxes, ha="center",
@@ -176,7 +102,7 @@ def _tradeoff_panel(ax, ok: pd.DataFrame, x: str, xlabel: str, areas: pd.Series)
         return
     y = "eval_target"
     points = ok[ok[x].map(stats.is_finite) & ok[y].map(stats.is_finite)]
-    ylabel, mode = _metric_label(ok)
+    ylabel, mode = metric_label(ok)
     offsets = label_offsets(points[x].tolist(), points[y].tolist())
     for row, (dx, dy) in zip(points.itertuples(), offsets, strict=True):
         colour = optimizer_colour(row.optimizer)
@@ -204,7 +130,7 @@ def _tradeoff_panel(ax, ok: pd.DataFrame, x: str, xlabel: str, areas: pd.Series)
 def plot_tradeoff(trials: pd.DataFrame, summary: pd.DataFrame, path: Path) -> Path:
     """Eval metric against state memory (left) and peak training memory (right), 95 % CI error bars."""
     areas = _marker_areas(summary.loc[summary["status"] == "ok", "step_ms"])
-    fig, panels = _panels(summary, 2)
+    fig, panels = job_panels(summary, 2)
     for axes, job, rows in panels:
         ok = _trained(rows)
         _tradeoff_panel(axes[0], ok, "state_mib", "optimizer state (MiB)", areas)
@@ -213,7 +139,7 @@ def plot_tradeoff(trials: pd.DataFrame, summary: pd.DataFrame, path: Path) -> Pa
         missing = _not_shown(summary, job)
         axes[0].set_title(job + (f"\nnot shown: {missing}" if missing else ""), fontsize=9, loc="left")
         axes[1].set_title("same runs, whole training footprint" + _fidelity_note(trials, job), fontsize=9, loc="left")
-    return _save(fig, "Eval metric vs memory per optimizer (mean ± 95 % CI over seeds; left is better; "
+    return save_titled(fig, "Eval metric vs memory per optimizer (mean ± 95 % CI over seeds; left is better; "
                  "marker area ∝ median step time)", path)
 
 
@@ -242,14 +168,14 @@ def _curve_panel(ax, trials: pd.DataFrame, column: str, ylabel: str, median_colu
 
 def plot_curves(trials: pd.DataFrame, path: Path) -> Path:
     """Training loss per step, mean over seeds with a ± std band; the warm-up (lr ramp) is shaded."""
-    fig, panels = _panels(trials[trials["status"] == "ok"])
+    fig, panels = job_panels(trials[trials["status"] == "ok"])
     for (ax,), job, ok in panels:
         warmup = int(ok["warmup_steps"].max() or 0)
         if warmup:
             ax.axvspan(0.5, warmup + 0.5, color="grey", alpha=0.12, label=f"warm-up ({warmup} steps)")
         _curve_panel(ax, ok, "loss_curve", "training loss (per batch)")
         ax.set_title(job, fontsize=9, loc="left")
-    return _save(fig, "Training loss per optimizer (mean ± std over seeds)", path)
+    return save_titled(fig, "Training loss per optimizer (mean ± std over seeds)", path)
 
 
 def plot_memory(trials: pd.DataFrame, summary: pd.DataFrame, path: Path) -> Path:
@@ -260,12 +186,12 @@ def plot_memory(trials: pd.DataFrame, summary: pd.DataFrame, path: Path) -> Path
     """
     ok_all = summary[summary["status"] == "ok"].copy()
     ok_all["other_mib_clipped"] = ok_all["other_peak_mib"].clip(lower=0)
-    fig, panels = _panels(ok_all)
+    fig, panels = job_panels(ok_all)
     for (ax,), job, rows in panels:
         ok = rows.reset_index(drop=True)
         parts = [(label, ok[column].astype(float).fillna(0).to_numpy(), colour)
                  for column, label, colour in MEMORY_PARTS]
-        bottom = _stacked(ax, ok["optimizer"], parts, "memory at peak (MiB)")
+        bottom = stacked_bars(ax, ok["optimizer"], parts, "memory at peak (MiB)")
         peaks = ok["peak_memory_mib"].astype(float)
         over = peaks.notna() & (bottom > peaks.to_numpy() + 1e-9)
         if over.any():
@@ -279,26 +205,26 @@ def plot_memory(trials: pd.DataFrame, summary: pd.DataFrame, path: Path) -> Path
         ax.set_ylim(0, top * 1.15 if top > 0 else 1)  # room for the totals printed above the bars
         ax.set_title(f"{job}\npeak = {_peak_basis(trials, job)}{_fidelity_note(trials, job)}", fontsize=9,
                      loc="left")
-    return _save(fig, "Where peak training memory goes, per optimizer", path)
+    return save_titled(fig, "Where peak training memory goes, per optimizer", path)
 
 
 def plot_fidelity(trials: pd.DataFrame, path: Path) -> Path:
     """Each optimizer's update against fp32 AdamW's from the same state: cosine (1 = same direction) and
     relative error ‖u − u_ref‖ / ‖u_ref‖ (0 = identical), per step, mean ± std over seeds."""
-    fig, panels = _panels(_carrying(trials, "update_cosine_curve"), 2)
+    fig, panels = job_panels(carrying(trials, "update_cosine_curve"), 2)
     for axes, job, ok in panels:
         _curve_panel(axes[0], ok, "update_cosine_curve", "cosine(update, fp32 AdamW update)", "update_cosine_median")
         _curve_panel(axes[1], ok, "update_rel_error_curve", "relative error ‖u − u_ref‖ / ‖u_ref‖",
                      "update_rel_error_median")
         axes[0].set_title(job, fontsize=9, loc="left")
-    return _save(fig, "Update fidelity against an fp32 AdamW step from the same parameters and gradients", path)
+    return save_titled(fig, "Update fidelity against an fp32 AdamW step from the same parameters and gradients", path)
 
 
 def plot_lr_sensitivity(tune: pd.DataFrame, path: Path) -> Path:
     """Mean validation metric over the tune seeds against lr per optimizer; failed or diverged points as red
     crosses on the lower edge, the chosen lr ringed (the same choice the summary makes, stats.choose_lr)."""
     choices = lr_choices(tune)
-    fig, panels = _panels(tune)
+    fig, panels = job_panels(tune)
     for (ax,), job, rows in panels:
         failed_at = []
         for (job_id, optimizer), choice in choices.items():
@@ -316,33 +242,33 @@ def plot_lr_sensitivity(tune: pd.DataFrame, path: Path) -> Path:
             low = ax.get_ylim()[0]
             ax.scatter([lr for lr, _ in failed_at], [low] * len(failed_at), marker="x", s=70, color="#c00000",
                        zorder=6, label="failed / diverged", clip_on=False)
-        ax.set(xscale="log", xlabel="learning rate", ylabel=_metric_label(rows, "validation")[0])
+        ax.set(xscale="log", xlabel="learning rate", ylabel=metric_label(rows, "validation")[0])
         seeds = ", ".join(map(str, sorted(set(rows["seed"].astype(int)))))
         ax.set_title(f"{job}\ntune stage: seed {seeds}, {int(rows['steps'].max())} steps", fontsize=9, loc="left")
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)
-    return _save(fig, "lr sensitivity: mean validation metric per lr (ringed: the lr chosen)", path)
+    return save_titled(fig, "lr sensitivity: mean validation metric per lr (ringed: the lr chosen)", path)
 
 
 def plot_state_modules(trials: pd.DataFrame, path: Path) -> Path:
     """Where the state bytes go: per optimizer, one bar of its optimizer state stacked by module kind
     (`state_bytes_by_module`: embeddings, attention, mlp, norms/biases, head), mean over seeds."""
-    fig, panels = _panels(_carrying(trials, "state_bytes_by_module"))
+    fig, panels = job_panels(carrying(trials, "state_bytes_by_module"))
     for (ax,), job, rows in panels:
         parts = pd.DataFrame(list(rows["state_bytes_by_module"]), index=rows.index).fillna(0) / MIB
         means = parts.groupby(rows["optimizer"], sort=False).mean()
         kinds = [k for k in MODULE_KINDS if k in means] + sorted(set(means.columns) - set(MODULE_KINDS))
         colours = dict(zip(kinds, [*MODULE_COLOURS, *["#999999"] * len(kinds)], strict=False))
-        _stacked(ax, means.index.to_series(), [(k, means[k].to_numpy(), colours[k]) for k in kinds],
+        stacked_bars(ax, means.index.to_series(), [(k, means[k].to_numpy(), colours[k]) for k in kinds],
                  "optimizer state (MiB)")
         ax.set_title(job, fontsize=9, loc="left")
-    return _save(fig, "Where the optimizer state bytes go, per module kind (mean over seeds)", path)
+    return save_titled(fig, "Where the optimizer state bytes go, per module kind (mean over seeds)", path)
 
 
 def plot_eval_vs_time(trials: pd.DataFrame, path: Path) -> Path:
     """Eval metric on the fixed eval subset against training seconds, mean over seeds with a 95 % CI band
     (x: the seeds' mean training time at each eval step); the dotted line is the job's target."""
-    fig, panels = _panels(_carrying(trials, "eval_curve"))
+    fig, panels = job_panels(carrying(trials, "eval_curve"))
     for (ax,), job, rows in panels:
         for optimizer, group in rows.groupby("optimizer", sort=False):
             curves = [np.asarray(c, dtype=float) for c in group["eval_curve"]]
@@ -358,11 +284,11 @@ def plot_eval_vs_time(trials: pd.DataFrame, path: Path) -> Path:
         target = rows["job_target"].dropna()
         if len(target):
             ax.axhline(float(target.iloc[0]), color="black", ls=":", lw=1, label=f"target {target.iloc[0]:.4g}")
-        ax.set(xlabel="training time (s, eval excluded)", ylabel=_metric_label(rows)[0])
+        ax.set(xlabel="training time (s, eval excluded)", ylabel=metric_label(rows)[0])
         ax.set_title(job, fontsize=9, loc="left")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    return _save(fig, "Eval metric vs training time (mean ± 95 % CI over seeds)", path)
+    return save_titled(fig, "Eval metric vs training time (mean ± 95 % CI over seeds)", path)
 
 
 def plot_profile(times: dict[str, dict[str, float | None]], path: Path) -> Path:
@@ -370,7 +296,7 @@ def plot_profile(times: dict[str, dict[str, float | None]], path: Path) -> Path:
     fastest (a job's time: the median over seeds, a missed seed counting as infinite); the legend gives the area
     under the curve (0..1)."""
     profile = pareto.performance_profile(times)
-    fig, ((ax,),) = _figure(1, 1)
+    fig, ((ax,),) = new_figure(1, 1)
     for optimizer, fractions in profile.items():
         ax.step(pareto.PROFILE_TAUS, fractions, where="post", color=optimizer_colour(optimizer),
                 label=f"{optimizer} (score {pareto.profile_score(fractions):.2f})", **optimizer_line(optimizer))
@@ -378,7 +304,7 @@ def plot_profile(times: dict[str, dict[str, float | None]], path: Path) -> Path:
            ylabel=f"share of the {len(times)} jobs within tau", ylim=(-0.02, 1.02))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")
-    return _save(fig, "Performance profile across jobs (higher and further left is better)", path)
+    return save_titled(fig, "Performance profile across jobs (higher and further left is better)", path)
 
 
 FIGURES = ("tradeoff.png", "curves.png", "memory.png", "fidelity.png", "lr_sensitivity.png", "eval_vs_time.png",
@@ -402,7 +328,7 @@ def write_plots(trials: pd.DataFrame, summary: pd.DataFrame, out_dir: Path) -> l
         for column, plot, name in (("update_cosine_curve", plot_fidelity, FIGURES[3]),
                                    ("eval_curve", plot_eval_vs_time, FIGURES[5]),
                                    ("state_bytes_by_module", plot_state_modules, FIGURES[7])):
-            if not _carrying(finals, column).empty:
+            if not carrying(finals, column).empty:
                 paths.append(plot(finals, out_dir / name))
         times = time_to_target_by_job(summary)
         if len(times) >= 2:
