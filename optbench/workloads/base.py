@@ -123,9 +123,11 @@ def validation_rows(total: int, fraction: float) -> int:
     return min(total - 1, max(1, round(total * fraction)))
 
 
-def check_batch_fits(spec: TrialSpec, training_rows: int) -> None:
-    """A batch larger than the rows it is drawn from would be cut to them (`batch_indices` takes what there is),
-    and the record would carry a batch size, and samples/s, that never trained: refused, naming the largest."""
+def check_batch_fits(spec: TrialSpec, rows_with_validation: int) -> None:
+    """A batch larger than the rows it is drawn from (the training rows less the validation share) would be cut to
+    them (`batch_indices` takes what there is), and the record would carry a batch size, and samples/s, that never
+    trained: refused, naming the largest."""
+    training_rows = rows_with_validation - validation_rows(rows_with_validation, spec.val_fraction)
     if spec.batch_size > training_rows:
         raise WorkloadError(f"--batch-size {spec.batch_size} is more than the {training_rows} training rows this job "
                             f"has (after its validation share); use --batch-size {training_rows} or less")
@@ -146,8 +148,8 @@ def split_for_stage(spec: TrialSpec, train: Split, held_out: Split) -> tuple[Spl
     same job, seed and lr train alike (a run at the lr a study chose repeats its trial); a study trial (any stage) is
     also scored on validation, which picks its lr, while eval alone is reported."""
     evaluation = take(held_out, slice(0, spec.eval_size))
-    train, val = carve_validation(train, spec.val_fraction)
     check_batch_fits(spec, rows(train))
+    train, val = carve_validation(train, spec.val_fraction)
     return train, val if spec.stage is not None else None, evaluation
 
 

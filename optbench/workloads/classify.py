@@ -29,7 +29,6 @@ from optbench.workloads.base import (
     quiet_transformers,
     split_for_stage,
     user_splits,
-    validation_rows,
 )
 
 if TYPE_CHECKING:
@@ -129,7 +128,7 @@ class Classification(Workload):
         train, _, _ = _labelled_splits(spec)
         if train.features["label"].num_classes < 2:
             raise WorkloadError(f"dataset {spec.dataset} has one class; classification needs at least two")
-        check_batch_fits(spec, len(train) - validation_rows(len(train), spec.val_fraction))
+        check_batch_fits(spec, len(train))
         source = self.model_source(spec)
         if source is not None:
             check_model(source)

@@ -34,7 +34,6 @@ from optbench.workloads.base import (
     quiet_transformers,
     split_for_stage,
     user_splits,
-    validation_rows,
 )
 
 if TYPE_CHECKING:
@@ -128,8 +127,7 @@ class CausalLM(Workload):
         if spec.dataset is not None:
             self._texts(spec)  # its blocks are known once tokenized: a batch too large for them fails the trial
         else:
-            total = markov.TRAIN_TOKENS // spec.seq_len  # the Markov stream's blocks, known without building it
-            check_batch_fits(spec, total - validation_rows(total, spec.val_fraction))
+            check_batch_fits(spec, markov.TRAIN_TOKENS // spec.seq_len)  # its blocks, known without building them
         if spec.model:
             check_model(spec.model)
 
