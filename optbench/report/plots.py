@@ -55,8 +55,9 @@ def _not_shown(summary: pd.DataFrame, job: str) -> str:
     """The job's optimizers the trade-off leaves out: those that did not end ok, and those at chance (no quality
     figure from a job that did not train)."""
     rows = summary[summary["job"] == job]
-    return ", ".join(f"{row['optimizer']} ({row['status'] if row['status'] != 'ok' else cells.UNTRAINED})"
-                     for _, row in rows.iterrows() if row["status"] != "ok" or cells.untrained_row(row))
+    left_out = rows.drop(index=_trained(rows).index)
+    return ", ".join(f"{r.optimizer} ({r.status if r.status != 'ok' else cells.UNTRAINED})"
+                     for r in left_out.itertuples())
 
 
 def _trained(rows: pd.DataFrame) -> pd.DataFrame:
@@ -140,7 +141,7 @@ def plot_tradeoff(trials: pd.DataFrame, summary: pd.DataFrame, path: Path) -> Pa
         axes[0].set_title(job + (f"\nnot shown: {missing}" if missing else ""), fontsize=9, loc="left")
         axes[1].set_title("same runs, whole training footprint" + _fidelity_note(trials, job), fontsize=9, loc="left")
     return save_titled(fig, "Eval metric vs memory per optimizer (mean ± 95 % CI over seeds; left is better; "
-                 "marker area ∝ median step time)", path)
+                       "marker area ∝ median step time)", path)
 
 
 def _curve_panel(ax, trials: pd.DataFrame, column: str, ylabel: str, median_column: str | None = None) -> None:
@@ -260,7 +261,7 @@ def plot_state_modules(trials: pd.DataFrame, path: Path) -> Path:
         kinds = [k for k in MODULE_KINDS if k in means] + sorted(set(means.columns) - set(MODULE_KINDS))
         colours = dict(zip(kinds, [*MODULE_COLOURS, *["#999999"] * len(kinds)], strict=False))
         stacked_bars(ax, means.index.to_series(), [(k, means[k].to_numpy(), colours[k]) for k in kinds],
-                 "optimizer state (MiB)")
+                     "optimizer state (MiB)")
         ax.set_title(job, fontsize=9, loc="left")
     return save_titled(fig, "Where the optimizer state bytes go, per module kind (mean over seeds)", path)
 
