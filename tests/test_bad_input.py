@@ -46,6 +46,9 @@ CASES = [
     # a batch larger than the training rows it is drawn from (it would be cut to them, and its samples/s overstated)
     (RUN + ["--batch-size", "100000"], "--batch-size 100000 is more than the 3600 training rows this job has"),
     (RUN + ["--workload", "lm", "--batch-size", "100000"], "use --batch-size 14746 or less"),  # blocks of 16
+    # a sequence longer than the model's positions (padded to it, 100000 tokens a row exhausts the machine's memory)
+    (RUN + ["--seq-len", "100000"], "--seq-len 100000 is more than the 512 positions tiny-bert-h64 has"),
+    (RUN + ["--workload", "minilm", "--seq-len", "513"], "use --seq-len 512 or less"),
     (RUN + ["--device", "cuda"], "sees no CUDA device (use --device cpu)"),
     (RUN + ["--device", "tpu"], "unknown device 'tpu'; use auto, cpu, cuda or cuda:N"),
     # report / compare: malformed JSON where results are read
@@ -82,6 +85,9 @@ CASES = [
     (FIT + ["--workload", "nosuch"], "unknown workload 'nosuch'; known: minilm"),
     (FIT + ["--device", "tpu"], "unknown device 'tpu'; use auto, cpu, cuda or cuda:N"),
     (FIT + ["--repeats", "1"], "--repeats must be at least 2"),  # one trial cannot measure a size's jitter
+    # sequences past the model's positions: every probe there would end `error` (six trials learning nothing)
+    (FIT + ["--grow", "seq", "--max-size", "2000"], "--max-size 2000 is more than the 512 positions tiny-bert-h64"),
+    (FIT + ["--seq-len", "600"], "--seq-len 600 is more than the 512 positions tiny-bert-h64 has"),
     # nightly: a missing baseline flag, a preset or optimizer that does not exist, not run from the repository
     (NIGHT[:1] + NIGHT[3:], "nightly needs --baseline"),
     (NIGHT + ["--preset", "huge"], "--preset: invalid choice"),

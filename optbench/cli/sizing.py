@@ -84,8 +84,11 @@ def fit_command(args: argparse.Namespace) -> int:
         raise UsageError("--repeats must be at least 2: one trial per size cannot show how far a peak moves between "
                          "runs")
     check_inputs(job)  # a bad workload, model or device is one line here, not a traceback or six failed probes
-    result = fit.fit(args.memory, names, args.out, job=job, grow_by=args.grow, max_size=args.max_size,
-                     run=functools.partial(fit.run_probe, sweep=run_sweep), repeats=args.repeats)
+    try:
+        result = fit.fit(args.memory, names, args.out, job=job, grow_by=args.grow, max_size=args.max_size,
+                         run=functools.partial(fit.run_probe, sweep=run_sweep), repeats=args.repeats)
+    except fit.FitError as exc:
+        raise UsageError(str(exc)) from None
     print(fit.render(result))
     print("wrote " + ", ".join(map(str, fit.save(result, args.out))))
     return exits.OK

@@ -220,15 +220,22 @@ class FitResult:
     growths: dict[str, Growth]
 
 
+class FitError(ValueError):
+    """A search that cannot be run as asked (said before any trial starts)."""
+
+
 def size_limit(facts: Any, grow_by: str, max_size: int | None) -> int:
     """The grid's top: `max_size`, else 1024 samples, or for sequences the model's learned positions (4096
-    for a model without a position table)."""
-    if max_size:
-        return max_size
+    for a model without a position table). Sequences past those positions are refused: every trial there would
+    end `error` (an index past the table) and the search would spend its probes learning nothing."""
     if grow_by == "batch":
-        return 1024
+        return max_size or 1024
     tables = [p.shape[0] for p in facts.params if p.name.endswith("position_embeddings.weight")]
-    return min(tables) if tables else 4096
+    positions = min(tables) if tables else None
+    if max_size and positions is not None and max_size > positions:
+        raise FitError(f"--max-size {max_size} is more than the {positions} positions {facts.name} has; "
+                       f"use --max-size {positions} or less")
+    return max_size or positions or 4096
 
 
 def fit(budget_bytes: int, optimizers: Sequence[str], out_path: Path, job: TrialSpec | None = None,
@@ -241,7 +248,7 @@ def fit(budget_bytes: int, optimizers: Sequence[str], out_path: Path, job: Trial
     from optbench.optimizers import resolve
 
     if repeats < 2:
-        raise ValueError("fit needs at least two trials per size: one trial cannot show how far a peak moves "
+        raise FitError("fit needs at least two trials per size: one trial cannot show how far a peak moves "
                          "between runs, so it cannot tell a size that fits from one that fits by luck")
     job = job or default_job()
     kind = device_kind(job.device)

@@ -233,12 +233,22 @@ def load_tokenizer(source: str | None):
         raise WorkloadError(f"cannot load tokenizer for model '{source}' ({type(exc).__name__}); "
                             f"{OFFLINE_MODEL_HINT}") from exc
 
-
-def check_model(source: str) -> None:
-    """Fail fast on a model that cannot be loaded: a missing path, a folder without a config, a hub id offline."""
+def check_model(source: str) -> Any:
+    """Fail fast on a model that cannot be loaded: a missing path, a folder without a config, a hub id offline.
+    Returns its config, for the checks that read it (`check_positions`)."""
     if not Path(source).exists() and source.startswith((".", "/")):
         raise WorkloadError(f"model path not found: {source}")
-    model_config(source)
+    return model_config(source)
+
+
+def check_positions(spec: TrialSpec, config: Any, name: str) -> None:
+    """A sequence longer than the model's position table fails only inside the trial (an index past the
+    embeddings), after the whole batch of `--seq-len` tokens was padded and tokenized, which at a size like 100000
+    asks the machine for more memory than it has: refused before any trial starts, naming the longest."""
+    positions = getattr(config, "max_position_embeddings", None)
+    if isinstance(positions, int) and spec.seq_len > positions:
+        raise WorkloadError(f"--seq-len {spec.seq_len} is more than the {positions} positions {name} has; "
+                            f"use --seq-len {positions} or less")
 
 
 def model_config(source: str, local_files_only: bool = False, hint: str = OFFLINE_MODEL_HINT, **overrides: Any) -> Any:

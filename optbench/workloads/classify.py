@@ -21,6 +21,7 @@ from optbench.workloads.base import (
     WorkloadError,
     check_batch_fits,
     check_model,
+    check_positions,
     length_sorted_batches,
     load_tokenizer,
     minilm_path,
@@ -130,8 +131,8 @@ class Classification(Workload):
             raise WorkloadError(f"dataset {spec.dataset} has one class; classification needs at least two")
         check_batch_fits(spec, len(train))
         source = self.model_source(spec)
-        if source is not None:
-            check_model(source)
+        config = tiny_bert_config(tiny_width(spec)) if source is None else check_model(source)
+        check_positions(spec, config, self.model_name(spec))
 
     def build(self, spec: TrialSpec) -> Built:
         """Model (its head seeded by the trial's seed) and the tokenized splits for the spec's stage."""

@@ -27,6 +27,7 @@ from optbench.workloads.base import (
     WorkloadError,
     check_batch_fits,
     check_model,
+    check_positions,
     eval_batches,
     load_tokenizer,
     model_config,
@@ -128,8 +129,8 @@ class CausalLM(Workload):
             self._texts(spec)  # its blocks are known once tokenized: a batch too large for them fails the trial
         else:
             check_batch_fits(spec, markov.TRAIN_TOKENS // spec.seq_len)  # its blocks, known without building them
-        if spec.model:
-            check_model(spec.model)
+        if spec.model:  # a model from scratch gets positions for --seq-len (llama_config)
+            check_positions(spec, check_model(spec.model), spec.model)
 
     def _splits(self, spec: TrialSpec) -> tuple[Split, Split, int]:
         """(train blocks, held-out blocks, vocabulary size): the Markov streams, or the user's text tokenized."""
