@@ -18,6 +18,7 @@ def files(tmp_path, monkeypatch):
     (tmp_path / "empty.csv").write_text("text,label\n")
     (tmp_path / "one-class.csv").write_text("text,label\n" + "".join(f"review {i},1\n" for i in range(40)))
     (tmp_path / "not-a-model").mkdir()
+    (tmp_path / "empty-folder").mkdir()
     (tmp_path / "not-a-model" / "notes.txt").write_text("weights live elsewhere")
     return tmp_path
 
@@ -55,6 +56,8 @@ CASES = [
     (["report", "malformed.jsonl"], "malformed.jsonl:1: not a JSON line"),
     (["report", "good.jsonl", "--format", "xml"], "--format: invalid choice"),
     (["compare", "malformed.jsonl", "good.jsonl"], "malformed.jsonl:1: not a JSON line"),
+    (["compare", "empty-folder", "good.jsonl"], "no results files (*.jsonl) in it and no pytest-benchmark JSON"),
+    (["report", "empty-folder"], "nothing to read under empty-folder"),
     (["compare", "good.jsonl", "good.jsonl", "--max-slowdown", "-5"], "must be a finite number >= 0"),
     (["compare", "good.jsonl", "good.jsonl", "--max-memory-growth", "inf"], "must be a finite number >= 0"),
     # estimate

@@ -146,7 +146,7 @@ def bad_inputs(tmp_path):
     (["{base}", "{tmp}/nothing.json"], "no such benchmark file"),
     (["{base}", "{tmp}/notes.json"], "not a JSON file"),
     (["{base}", "{tmp}/other.json"], "not pytest-benchmark JSON"),
-    (["{base}", "{tmp}/empty"], "no pytest-benchmark *.json files"),
+    (["{base}", "{tmp}/empty"], "no results files (*.jsonl) in it and no pytest-benchmark JSON"),
     (["{base}", "{tmp}/elsewhere.jsonl"], "share no job"),
     (["{base}", "{base}", "--max-slowdown", "ten%"], "expected a number"),
     (["{base}", "{base}", "--max-memory-growth=-5%"], "finite number >= 0"),

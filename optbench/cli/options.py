@@ -52,6 +52,9 @@ def load_records(files: list[Path]) -> list:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 runs = sorted(path.glob("*.jsonl")) if path.is_dir() else []  # a folder of runs of one commit
+                if path.is_dir() and not runs and not any(path.rglob("*.json")):
+                    raise UsageError(f"nothing to read under {path}: no results files (*.jsonl) in it and no "
+                                     "pytest-benchmark JSON (*.json) under it")
                 for run in runs:
                     records.extend(read_records(run))
                 if not runs:
