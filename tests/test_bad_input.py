@@ -38,6 +38,10 @@ CASES = [
     (RUN + ["--timeout", "-5"], "--timeout: must be a positive finite number"),
     (RUN + ["--lr", "0"], "--lr: must be a positive finite number"),
     (RUN + ["--eval-size", "-1"], "--eval-size: must be positive"),
+    # a time-to-target threshold the metric cannot be timed to: reached before any step, or never
+    (RUN + ["--target", "2"], "--target 2 is no accuracy a trial can be timed to: give one above 0 and at most 1"),
+    (RUN + ["--target", "0"], "give one above 0 and at most 1"),
+    (RUN + ["--workload", "lm", "--target", "0.5"], "--target 0.5 is no perplexity a trial can be timed to"),
     (RUN + ["--executor", "kubernetes"], "--executor: invalid choice"),
     (RUN + ["--executor", "slurm"], "are you indeed on a slurm cluster? (use --executor local)"),
     # run: a model path that is not a model, datasets with no rows or one class, a GPU that is not there

@@ -60,6 +60,9 @@ class Workload:
     name: str = ""
     target_metric: str = "accuracy"
     target_mode: str = "max"  # "max": larger is better; "min": smaller is better
+    # the --target values worth timing, (low, high]: accuracy 0 is reached before any step and 2 never; perplexity 1
+    # (a model certain of every token) never
+    target_range: tuple[float, float] = (0.0, 1.0)
     description: str = ""
     options: dict[str, str] = {}  # the parameters `TrialSpec.workload_options` may set, with what each means
 
@@ -80,10 +83,16 @@ class Workload:
         return 1.0
 
     def check_options(self, spec: TrialSpec) -> None:
+        """The flags only the workload can judge: its own options, and a --target its metric can reach."""
         unknown = sorted(set(spec.workload_options) - set(self.options))
         if unknown:
             known = ", ".join(f"{k} ({v})" for k, v in self.options.items()) or "none"
             raise WorkloadError(f"workload {self.name} has no option {', '.join(unknown)}; its options: {known}")
+        low, high = self.target_range
+        if spec.target is not None and not low < spec.target <= high:
+            bounds = f"above {low:g}" + (f" and at most {high:g}" if high < float("inf") else "")
+            raise WorkloadError(f"--target {spec.target:g} is no {self.target_metric} a trial can be timed to: "
+                                f"give one {bounds}")
 
     def check(self, spec: TrialSpec) -> None:
         """Fail fast in the parent process (before any trial is spawned) on input that cannot work."""

@@ -107,6 +107,7 @@ class CausalLM(Workload):
     name = "lm"
     target_metric = "perplexity"
     target_mode = "min"
+    target_range = (1.0, math.inf)
     description = "Llama-style decoder, next-token loss on the Markov corpus or text (random init: from scratch)"
 
     def lr_scale(self, spec: TrialSpec) -> float:
