@@ -38,6 +38,9 @@ CASES = [
     (RUN + ["--timeout", "-5"], "--timeout: must be a positive finite number"),
     (RUN + ["--lr", "0"], "--lr: must be a positive finite number"),
     (RUN + ["--eval-size", "-1"], "--eval-size: must be positive"),
+    # seeds some generator a trial seeds refuses (torch past int64, numpy via HF's set_seed past 2**32)
+    (RUN + ["--seeds", "0,99999999999999999999"], "--seeds: seeds are whole numbers from 0 to 4294967295"),
+    (RUN + ["--seeds=-1"], "got -1"),
     # a time-to-target threshold the metric cannot be timed to: reached before any step, or never
     (RUN + ["--target", "2"], "--target 2 is no accuracy a trial can be timed to: give one above 0 and at most 1"),
     (RUN + ["--target", "0"], "give one above 0 and at most 1"),
@@ -81,6 +84,7 @@ CASES = [
     (STUDY + ["--optimizers", "adamw,nosuch"], "unknown optimizer 'nosuch'"),
     (STUDY + ["--lr-grid", "1e-4,0"], "--lr-grid: must be a positive finite number"),
     (STUDY + ["--tune-seeds", "x"], "--tune-seeds: expected comma-separated integers"),
+    (STUDY + ["--tune-seeds", "4294967296"], "--tune-seeds: seeds are whole numbers from 0 to 4294967295"),
     (STUDY + ["--tune-search", "random"], "--tune-search: invalid choice"),
     (STUDY + ["--dataset", "empty.csv"], "cannot read dataset file empty.csv"),
     # fit: a budget, a model, a workload or a device that cannot be used, before any probe runs

@@ -52,6 +52,19 @@ def int_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got '{text}'") from None
 
 
+SEED_LIMIT = 2**32  # numpy's legacy seeding, which HF's set_seed calls, takes 0 <= seed < 2**32
+
+
+def seed_list(text: str) -> list[int]:
+    """Comma-separated seeds, as `int_list`, each one every random generator a trial seeds accepts: a seed past
+    int64 ended its trial `error` (torch's overflow) after the sweep had started."""
+    seeds = int_list(text)
+    outside = [seed for seed in seeds if not 0 <= seed < SEED_LIMIT]
+    if outside:
+        raise argparse.ArgumentTypeError(f"seeds are whole numbers from 0 to {SEED_LIMIT - 1}, got {outside[0]}")
+    return seeds
+
+
 def name_list(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
 

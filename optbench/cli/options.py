@@ -24,6 +24,7 @@ from optbench.cli.argtypes import (
     positive_float,
     positive_int,
     sbatch_option,
+    seed_list,
     threshold,
 )
 from optbench.job.spec import PRECISIONS, PRESETS, SCHEDULES
@@ -153,7 +154,7 @@ def add_optimizer_arguments(parser: argparse.ArgumentParser, preset_default: str
                         help="comma-separated registry names or HF Trainer aliases (see `optbench list`), "
                              "or 'all' for every entry available here (default: the preset's, else "
                              f"{','.join(optimizers.DEFAULT_OPTIMIZERS)})")
-    parser.add_argument("--seeds", type=int_list, help="comma-separated seeds, e.g. 0,1,2")
+    parser.add_argument("--seeds", type=seed_list, help="comma-separated seeds, e.g. 0,1,2")
     parser.add_argument("--out", type=Path, help="results file (default: results/<preset>.jsonl); resumed if present")
     parser.add_argument("--no-figures", action="store_true",
                         help="write the report's tables only, without the PNG figures (a few seconds faster)")
@@ -235,7 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
     study.add_argument("--lr-grid", type=float_list, help="one lr grid for all, e.g. 1e-5,3e-5,1e-4 "
                                                                   "(default: each optimizer's registry grid)")
     study.add_argument("--lr-points", type=positive_int, help="points of each registry grid")
-    study.add_argument("--tune-seeds", type=int_list, help="seeds of the tune stage (default 0)")
+    study.add_argument("--tune-seeds", type=seed_list, help="seeds of the tune stage (default 0)")
     study.add_argument("--tune-search", choices=["walk", "grid"],
                        help="walk: from the default lr, up then down while within the noise of the best (default); "
                             "grid: every point, all at once (parallel jobs, a full lr-sensitivity curve)")
