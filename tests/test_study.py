@@ -88,6 +88,33 @@ def test_the_time_to_target_threshold_is_fixed_from_the_tune_stage_before_the_fi
     assert {s.target for s in given.final} == {0.5}  # --target wins
 
 
+def test_a_tune_stage_at_chance_fixes_no_target_and_no_optimizer_is_first_to_one(tmp_path, capsys):
+    """0.95 x a validation score a constant guess makes lies where every curve starts: no threshold is fixed, the
+    report's after-the-fact one is taken from trained trials only, and an optimizer at chance is never first."""
+    from optbench.report import render
+    from optbench.report.frame import job_targets, summarize, trials_frame
+
+    def at_chance(spec: TrialSpec) -> Record:
+        record = fake_trial(spec)
+        record.metric_chance = 0.91  # every score of fake_trial (at most 0.92) is within 2 points of it: untrained
+        return record
+
+    out = tmp_path / "study.jsonl"
+    result, _ = _run(out, at_chance)
+    assert result.final and all(s.target is None for s in result.final)
+    err = capsys.readouterr().err
+    assert "no time-to-target threshold fixed: adamw's best validation accuracy in the tune stage, 0.9, is at " \
+           "chance (0.91): the tune stage did not train" in err and "fixed before the finals" not in err
+    assert job_targets(trials_frame(read_records(out))) == {}  # nor one after the fact from finals at chance
+    # a --target the curves at chance cross: timed, but no optimizer at chance is called first to it
+    given = tmp_path / "given.jsonl"
+    study.run_study(["adamw", "adafactor"], {**SETTINGS, "target": 0.5}, StudyBudget(lr_points=4, eval_every=2,
+                    search="grid"), given, grids=GRIDS, run_trial=at_chance, show=lambda line: None)
+    summary = summarize(trials_frame(read_records(given)))
+    assert summary["time_to_target_s"].notna().all()
+    assert not any("first to the target" in line for line in render.verdict_sentences(summary))
+
+
 def test_two_tune_seeds_tune_every_lr_twice_and_leave_one_final_seed(tmp_path):
     result, _ = _run(tmp_path / "study.jsonl", tune_seeds=(0, 1))
     assert len(result.tune) == 16 and {s.seed for s in result.final} == {2} and len(result.final) == 2

@@ -165,11 +165,12 @@ def fixed_targets(frame: pd.DataFrame) -> dict[str, bool]:
 def job_targets(frame: pd.DataFrame) -> dict[str, float]:
     """Per job: a target given with the records (`--target`, or a study's, fixed from its tune stage before the
     finals), else — after the fact — TARGET_SHARE of the best optimizer's mean final metric (for a "min" metric
-    such as perplexity: best / TARGET_SHARE)."""
+    such as perplexity: best / TARGET_SHARE) over the trials that trained: one from trials at chance would lie
+    where every curve starts."""
     targets = {}
     for job, group in frame[frame["final"] & (frame["status"] == "ok")].groupby("job_id", sort=False):
         given = pd.to_numeric(group["target_value"], errors="coerce").dropna()
-        means = group.groupby("optimizer")["eval_target"].mean().dropna()
+        means = group[~group["untrained"].astype(bool)].groupby("optimizer")["eval_target"].mean().dropna()
         if len(given):
             targets[job] = float(given.iloc[-1])
         elif len(means):

@@ -33,6 +33,7 @@ from optbench.report.cells import (
     present,
     short_quality,
     tuned_lr_cell,
+    untrained_row,
     verdict_phrase,
 )
 from optbench.report.frame import (
@@ -194,11 +195,13 @@ def render_json(summary: pd.DataFrame) -> str:
 
 def _first_to_target(group: pd.DataFrame) -> str | None:
     """The sentence on the fastest median time to target among the optimizers that reached it on every seed (one
-    that missed on any seed is never called first); a lead no larger than the eval curve's resolution is no lead."""
+    that missed on any seed is never called first, nor one whose every seed ended at chance: a target it met is
+    no quality figure); a lead no larger than the eval curve's resolution is no lead."""
     if "time_to_target_s_n" not in group:
         return None
     n = group["time_to_target_s_n"].fillna(0)
-    reached = group[(n > 0) & (group["time_to_target_s_reached"] == n)]
+    trained = ~group.apply(untrained_row, axis=1).astype(bool)
+    reached = group[(n > 0) & (group["time_to_target_s_reached"] == n) & trained]
     times = reached["time_to_target_s"].astype(float).sort_values()
     spacing = pd.to_numeric(reached.get("time_to_target_s_resolution"), errors="coerce").max()
     if len(times) > 1 and present(spacing) and times.iloc[1] - times.iloc[0] <= spacing:

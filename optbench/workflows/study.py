@@ -29,7 +29,7 @@ from typing import Any
 from optbench import optimizers
 from optbench.job.spec import StudyBudget, TrialSpec
 from optbench.records.record import REFERENCE_OPTIMIZER, Record, read_records
-from optbench.report import stats, tuning
+from optbench.report import bounds, stats, tuning
 from optbench.report.frame import TARGET_SHARE
 from optbench.sweep import Executor, run_sweep
 from optbench.sweep.progress import Progress
@@ -56,18 +56,23 @@ def _reference(choices: Sequence[stats.LrChoice]) -> stats.LrChoice:
     return next((c for c in choices if c.optimizer == REFERENCE_OPTIMIZER), choices[0])
 
 
-def target_from_tuning(choices: Sequence[stats.LrChoice]) -> float | None:
+def target_from_tuning(choices: Sequence[stats.LrChoice]) -> tuple[float | None, str]:
     """The time-to-target threshold, fixed from the tune stage before any final runs: TARGET_SHARE of the reference
     optimizer's best validation score (a "min" metric: best / TARGET_SHARE). Validation rows are not the eval rows
-    the curve is scored on, so the target is not read off the curves it then times."""
+    the curve is scored on, so the target is not read off the curves it then times. None, with why, when there is
+    no score or the best is at chance (`bounds.untrained`): 95 % of a score a constant guess makes lies at or below
+    where every curve starts, and the finals would be timed to nothing."""
     if not choices:
-        return None
+        return None, "no optimizer was tuned"
     reference = _reference(choices)
     values = [p.value for p in reference.points if p.value is not None]
     if not values:
-        return None
+        return None, f"no tune trial of {reference.optimizer} ended ok with a validation score"
     best = stats.best_value(values, reference.mode)
-    return best * TARGET_SHARE if reference.mode == "max" else best / TARGET_SHARE
+    if bounds.untrained(best, reference.chance, reference.mode):
+        return None, (f"{reference.optimizer}'s best validation {reference.metric} in the tune stage, {best:.4g}, is "
+                      f"at chance ({reference.chance:.4g}): the tune stage did not train")
+    return (best * TARGET_SHARE if reference.mode == "max" else best / TARGET_SHARE), ""
 
 
 def final_specs(choices: Sequence[stats.LrChoice], seeds: Sequence[int], settings: dict[str, Any],
@@ -217,11 +222,15 @@ def run_study(names: Sequence[str], settings: dict[str, Any], budget: StudyBudge
         lr = "none" if choice.lr is None else f"{choice.lr:g}"
         note = tuning.range_note(choice, [s.lr_source for s in tune_trials if s.optimizer == choice.optimizer])
         print(f"optbench: {choice.optimizer}: lr {lr} ({choice.note}{'; ' + note if note else ''})", file=sys.stderr)
-    if settings.get("target") is None and (target := target_from_tuning(choices)) is not None:
-        settings = {**settings, "target": target}
-        print(f"optbench: time-to-target threshold {choices[0].metric} {target:.4g}, fixed before the finals: "
-              f"{TARGET_SHARE:g} x the tune stage's best validation score of {_reference(choices).optimizer}",
-              file=sys.stderr)
+    if settings.get("target") is None:
+        target, why = target_from_tuning(choices)
+        if target is not None:
+            settings = {**settings, "target": target}
+            print(f"optbench: time-to-target threshold {choices[0].metric} {target:.4g}, fixed before the finals: "
+                  f"{TARGET_SHARE:g} x the tune stage's best validation score of {_reference(choices).optimizer}",
+                  file=sys.stderr)
+        else:
+            print(f"optbench: no time-to-target threshold fixed: {why}", file=sys.stderr)
     finals = final_specs(choices, final_seeds, settings, kwargs)
     progress.total = progress.done + len(finals)
     run_sweep(finals, out, **sweep)
