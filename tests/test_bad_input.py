@@ -83,6 +83,7 @@ CASES = [
     # study: optimizers, grids and searches that do not exist, a dataset with no rows
     (STUDY + ["--optimizers", "adamw,nosuch"], "unknown optimizer 'nosuch'"),
     (STUDY + ["--lr-grid", "1e-4,0"], "--lr-grid: must be a positive finite number"),
+    (STUDY + ["--lr-grid", "1e-3", "--lr", "1e-4"], "--lr and --lr-grid both given"),
     (STUDY + ["--tune-seeds", "x"], "--tune-seeds: expected comma-separated integers"),
     (STUDY + ["--tune-seeds", "4294967296"], "--tune-seeds: seeds are whole numbers from 0 to 4294967295"),
     (STUDY + ["--tune-search", "random"], "--tune-search: invalid choice"),

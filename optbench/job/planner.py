@@ -182,6 +182,8 @@ def plan_study(flags: Mapping[str, Any], preset_name: str, names: Sequence[str] 
     settings = job_settings(flags, PRESETS[preset_name])
     settings["eval_every"] = settings["eval_every"] or min(budget.eval_every, settings["steps"])
     lr = settings.pop("lr")
+    if lr and flags.get("lr_grid"):  # the grid won silently, so the lr asked for was never tried
+        raise PlanError("--lr and --lr-grid both given: in a study --lr is a grid of one lr; give one of them")
     grid = sorted(flags["lr_grid"]) if flags.get("lr_grid") else [lr] if lr else None
     names = resolve_names(names, PRESETS[preset_name])
     plan = split_unavailable([TrialSpec(optimizer=name, **settings) for name in names])
