@@ -170,6 +170,21 @@ def test_a_one_step_job_with_a_seed_given_twice_runs_one_trial_and_says_it_timed
     assert "no timed step" in next(line for line in result.stdout.splitlines() if "seed=0" in line)
 
 
+def test_an_eval_size_past_the_held_out_rows_is_said_and_the_record_counts_the_rows_evaluated(tmp_path):
+    """Every held-out row is evaluated and `eval_rows` says how many; the user who asked for more is told, in one
+    line before any trial (the preset's own size is not: it must serve small datasets too)."""
+    out = tmp_path / "big-eval.jsonl"
+    args = list(TINY_ARGS)
+    args[args.index("--eval-size") + 1] = "100000"
+    result = optbench("run", *args, "--optimizers", "adamw", "--no-figures", "--out", out)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    warned = [line for line in result.stderr.splitlines() if "warning: --eval-size" in line]
+    assert warned == ["optbench: warning: --eval-size 100000 is more than the 4000 held-out rows this job has: all "
+                      "4000 are evaluated (the record's eval_rows)"]
+    record = json.loads(out.read_text().splitlines()[0])
+    assert record["eval_size"] == 100000 and record["eval_rows"] == 4000
+
+
 @pytest.mark.parametrize("args", [["list"], ["estimate", "--params", "7B"]])
 def test_a_reader_that_went_away_ends_the_command_with_141_and_no_traceback(args, tmp_path):
     """`optbench list | head`: stdout's reader is gone before the command writes (its pipe's read end is closed

@@ -22,7 +22,7 @@ def study_command(args: argparse.Namespace) -> int:
     if out.exists() and not out.is_file():
         raise UsageError(f"--out {out} is not a file")
     specs = [TrialSpec(optimizer=name, **plan.settings) for name in plan.names] or [s for s, _ in plan.unavailable]
-    check_inputs(specs[0], local=args.executor == "local")
+    check_inputs(specs[0], local=args.executor == "local", eval_size_given=args.eval_size is not None)
     run_sweep([], out, on_record=show, progress=None, skipped=plan.unavailable)
     if not plan.names:
         raise UsageError("none of --optimizers can run here (see the skipped records)")

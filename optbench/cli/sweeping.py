@@ -31,7 +31,7 @@ def sweep(args: argparse.Namespace, plan, out: Path) -> list[Record]:
     from optbench.sweep.devices import DeviceError
 
     specs = plan.specs or [spec for spec, _ in plan.unavailable]
-    check_inputs(specs[0], local=args.executor == "local")
+    check_inputs(specs[0], local=args.executor == "local", eval_size_given=args.eval_size is not None)
     try:
         check_writable(out)
     except OSError as exc:
@@ -121,10 +121,11 @@ def slurm_options(args: argparse.Namespace):
     return SlurmOptions(sbatch_options=extra, **{k: v for k, v in given.items() if v is not None})
 
 
-def check_inputs(spec, local: bool = True) -> None:
+def check_inputs(spec, local: bool = True, eval_size_given: bool = False) -> None:
     """Ask the workload to check the dataset and model in this process first, so bad input fails in a second; the
     device too, but a CUDA device only where trials run here (a cluster's GPUs are its nodes', not the submit
-    host's)."""
+    host's). A --eval-size past the held-out rows is said, not refused (every row is evaluated and the record's
+    eval_rows says how many): a preset's size must serve a small dataset too, so only a size the user gave is."""
     from optbench.job.devices import resolve_device
     from optbench.trial.precision import parse_precision
     from optbench.workloads import WorkloadError, get_workload
@@ -133,9 +134,14 @@ def check_inputs(spec, local: bool = True) -> None:
         if local or not spec.device.startswith("cuda"):
             resolve_device(spec.device)
         parse_precision(spec.precision)
-        get_workload(spec.workload).check(spec)
+        workload = get_workload(spec.workload)
+        workload.check(spec)
+        held_out = workload.held_out_rows(spec) if eval_size_given else None
     except (WorkloadError, ValueError, RuntimeError) as exc:
         raise UsageError(str(exc)) from None
+    if held_out is not None and spec.eval_size > held_out:
+        print(f"optbench: warning: --eval-size {spec.eval_size} is more than the {held_out} held-out rows this job "
+              f"has: all {held_out} are evaluated (the record's eval_rows)", file=sys.stderr)
 
 
 def show(record: Record) -> None:

@@ -98,6 +98,10 @@ class Workload:
         """Fail fast in the parent process (before any trial is spawned) on input that cannot work."""
         self.check_options(spec)
 
+    def held_out_rows(self, spec: TrialSpec) -> int | None:
+        """The rows the eval split is cut from (`--eval-size` takes at most these); None: known only in the trial."""
+        return None
+
     def model_source(self, spec: TrialSpec) -> str | None:
         """The model folder or hub id a trial of `spec` loads; None: a model built from a config alone."""
         return spec.model

@@ -122,6 +122,9 @@ class Classification(Workload):
             return spec.model
         return "all-MiniLM-L6-v2" if self.pretrained else f"tiny-bert-h{tiny_width(spec)}"
 
+    def held_out_rows(self, spec: TrialSpec) -> int | None:
+        return len(_labelled_splits(spec)[1])
+
     def check(self, spec: TrialSpec) -> None:
         self.check_options(spec)
         if not self.pretrained and not spec.model:

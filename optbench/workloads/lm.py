@@ -124,6 +124,9 @@ class CausalLM(Workload):
         train, held_out = user_splits(spec, None)
         return train["text"], held_out["text"]
 
+    def held_out_rows(self, spec: TrialSpec) -> int | None:
+        return markov.EVAL_TOKENS // spec.seq_len if spec.dataset is None else None  # text: blocks once tokenized
+
     def check(self, spec: TrialSpec) -> None:
         self.check_options(spec)
         if spec.dataset is not None:
