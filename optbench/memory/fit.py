@@ -249,7 +249,7 @@ def fit(budget_bytes: int, optimizers: Sequence[str], out_path: Path, job: Trial
 
     if repeats < 2:
         raise FitError("fit needs at least two trials per size: one trial cannot show how far a peak moves "
-                         "between runs, so it cannot tell a size that fits from one that fits by luck")
+                       "between runs, so it cannot tell a size that fits from one that fits by luck")
     job = job or default_job()
     kind = device_kind(job.device)
     facts = predict.facts_for_spec(job)

@@ -246,6 +246,7 @@ def load_tokenizer(source: str | None):
         raise WorkloadError(f"cannot load tokenizer for model '{source}' ({type(exc).__name__}); "
                             f"{OFFLINE_MODEL_HINT}") from exc
 
+
 def check_model(source: str) -> Any:
     """Fail fast on a model that cannot be loaded: a missing path, a folder without a config, a hub id offline.
     Returns its config, for the checks that read it (`check_positions`)."""
