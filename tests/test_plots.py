@@ -234,3 +234,21 @@ def test_shrinking_is_idempotent_and_reaches_figures_embedded_in_a_page(tmp_path
     assert after < before
     assert base64.b64encode(once).decode() in page.read_text()
     assert shrink_figures.shrink_file(page) == (after, after)
+
+
+def test_a_job_with_dozens_left_out_names_them_in_four_title_lines_and_keeps_its_panels(tmp_path, drawn):
+    """A registry sweep too short to train left 40 optimizers out; their names on one line squeezed the panels to
+    nothing (matplotlib: "axes sizes collapsed to zero"). The title keeps four lines and counts the rest."""
+    import warnings
+
+    at_chance = dict(metric_chance=0.5, target_metric="accuracy", target_mode="max")
+    records = [_record("a0", "adamw", 0, 20, 50, 0.90, **at_chance)]
+    records += [_record(f"u{i}", f"optimizer_{i:02d}", 0, 1, 5, 0.5, **at_chance) for i in range(40)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a collapsed layout is a UserWarning
+        write_plots(*_frames(records), tmp_path)
+    title = drawn["tradeoff.png"].axes[0].get_title(loc="left").splitlines()
+    assert len(title) == 1 + plots.NOT_SHOWN_LINES and title[1].startswith("not shown: optimizer_00 (untrained)")
+    assert all(len(line) <= plots.NOT_SHOWN_CHARS for line in title[1:])
+    shown = sum(line.count("(untrained)") for line in title[1:])
+    assert title[-1].endswith(f"and {40 - shown} more (the tables list them)") and 0 < shown < 40

@@ -64,6 +64,19 @@ def test_markdown_and_figure(sweep, tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_the_figure_keeps_its_panels_with_dozens_of_optimizers(tmp_path):
+    """`report results/` read 52 optimizers' scaling points: their legend, inside a panel, squeezed both panels to
+    nothing (matplotlib: "axes sizes collapsed to zero"). One legend below the panels holds them."""
+    import warnings
+
+    records = [Record(optimizer=f"optimizer_{i:02d}", state_precision="fp32", num_params=n, state_bytes=8 * n,
+                      step_time_median_s=n * 1e-8, status="ok", seed=0) for i in range(52) for n in (10**6, 10**7)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a collapsed layout is a UserWarning
+        path = scaling.plot_scaling(records, tmp_path / "scaling.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_fit_skips_failed_trials_and_takes_the_median_over_seeds():
     def record(n, state, status="ok", seed=0):
         return Record(optimizer="adamw", state_precision="fp32", num_params=n, state_bytes=state,

@@ -11,6 +11,8 @@ optimizer x status, over seeds). One row of panels per job. Error bars and bands
 
 from __future__ import annotations
 
+import math
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -22,6 +24,7 @@ from optbench.optimizers.base import MODULE_KINDS
 from optbench.records.record import MIB
 from optbench.report import cells, pareto, stats
 from optbench.report.canvas import (
+    PANEL_IN,
     carrying,
     job_panels,
     mean_band,
@@ -51,13 +54,26 @@ def _fidelity_note(trials: pd.DataFrame, job: str) -> str:
     return "\nfidelity runs: peaks include the shadow fp32 AdamW" if fidelity.any() else ""
 
 
+NOT_SHOWN_LINES, NOT_SHOWN_CHARS = 4, 100  # a panel title's lines and their width at its font size
+# a curve panel's legend: entries that fit inside it; else beside it, this many a column, each column this wide
+LEGEND_INSIDE, LEGEND_ROWS, LEGEND_COLUMN_IN = 12, 24, 2.0
+
+
 def _not_shown(summary: pd.DataFrame, job: str) -> str:
-    """The job's optimizers the trade-off leaves out: those that did not end ok, and those at chance (no quality
-    figure from a job that did not train)."""
+    """The job's optimizers the trade-off leaves out, as title lines: those that did not end ok, and those at chance
+    (no quality figure from a job that did not train). At most NOT_SHOWN_LINES, the rest counted: a registry sweep
+    at 8 steps left 40 out, and their names on one 766-character line squeezed the panels to nothing."""
     rows = summary[summary["job"] == job]
-    left_out = rows.drop(index=_trained(rows).index)
-    return ", ".join(f"{r.optimizer} ({r.status if r.status != 'ok' else cells.UNTRAINED})"
-                     for r in left_out.itertuples())
+    names = [f"{r.optimizer} ({r.status if r.status != 'ok' else cells.UNTRAINED})"
+             for r in rows.drop(index=_trained(rows).index).itertuples()]
+    lines: list[str] = []
+    for kept in range(len(names), 0, -1):
+        more = len(names) - kept
+        lines = textwrap.wrap("not shown: " + ", ".join(names[:kept])
+                              + (f" and {more} more (the tables list them)" if more else ""), NOT_SHOWN_CHARS)
+        if len(lines) <= NOT_SHOWN_LINES:
+            break
+    return "\n".join(lines)
 
 
 def _trained(rows: pd.DataFrame) -> pd.DataFrame:
@@ -138,7 +154,7 @@ def plot_tradeoff(trials: pd.DataFrame, summary: pd.DataFrame, path: Path) -> Pa
         _tradeoff_panel(axes[1], ok, "peak_memory_mib", f"peak training memory (MiB): {_peak_basis(trials, job)}",
                         areas)
         missing = _not_shown(summary, job)
-        axes[0].set_title(job + (f"\nnot shown: {missing}" if missing else ""), fontsize=9, loc="left")
+        axes[0].set_title(job + (f"\n{missing}" if missing else ""), fontsize=9, loc="left")
         axes[1].set_title("same runs, whole training footprint" + _fidelity_note(trials, job), fontsize=9, loc="left")
     return save_titled(fig, "Eval metric vs memory per optimizer (mean ± 95 % CI over seeds; left is better; "
                        "marker area ∝ median step time)", path)
@@ -161,7 +177,13 @@ def _curve_panel(ax, trials: pd.DataFrame, column: str, ylabel: str, median_colu
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
+    labels = ax.get_legend_handles_labels()[1]
+    if len(labels) > LEGEND_INSIDE:  # inside, 41 entries squeezed the axes to nothing: beside them, in columns,
+        columns = math.ceil(len(labels) / LEGEND_ROWS)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1), ncol=columns)
+        figure, panels = ax.get_figure(), ax.get_subplotspec().get_gridspec().ncols
+        figure.set_figwidth(max(figure.get_figwidth(), panels * (PANEL_IN[0] + LEGEND_COLUMN_IN * columns)))
+    elif labels:
         ax.legend(fontsize=8)
     else:
         ax.text(0.5, 0.5, "no per-step data in these records", transform=ax.transAxes, ha="center", color="grey")

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from optbench.records.record import Record
 
 FIGURE_NAME = "scaling.png"
+LEGEND_COLUMNS, LEGEND_ROW_IN = 5, 0.2  # the shared legend below the panels: entries per row, inches per row
 FACTORED = "factored"  # the registry's precision label for Adafactor-style row + column state
 
 
@@ -162,7 +163,11 @@ def plot_scaling(records: Iterable[Record] | pd.DataFrame, path: Path) -> Path:
                   title="Step time vs model size")
     for axis in (state_axis, time_axis):
         axis.grid(True, which="both", alpha=0.3)
-        axis.legend()
+    handles, labels = state_axis.get_legend_handles_labels()
+    if labels:  # one legend for both panels, below them: inside, 52 optimizers' entries squeezed the axes to nothing
+        columns = min(len(labels), LEGEND_COLUMNS)
+        figure.legend(handles, labels, loc="outside lower center", ncol=columns, fontsize=8)
+        figure.set_figheight(4.5 + LEGEND_ROW_IN * math.ceil(len(labels) / columns))
     save_figure(figure, path, dpi=120)
     plt.close(figure)
     return path
