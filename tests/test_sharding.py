@@ -2,6 +2,8 @@
 what `explain --parallel` predicts on the tiny BERT (tests/test_parallel.py holds the prediction equal to what
 real torchrun groups measure)."""
 
+import re
+
 import pytest
 
 from optbench.cli import main as cli
@@ -94,6 +96,15 @@ def test_explain_parallel_prints_the_ranks_and_the_changed_parameter_within_120_
     assert "layer.*.attention.self.query.weight x2 (precision): uint8+fp32, 2.53 B/elt -> fp32, 8.00 B/elt" in tail
     assert "why: 8-bit -> fp32: under 4096 elements" in tail
     assert max(len(line) for line in out.splitlines()) <= 120
+
+
+def test_ranks_that_hold_alike_share_one_line(capsys):
+    """ZeRO-1 over more ranks than parameters: the ranks past them hold nothing, and say so once, not once each."""
+    assert cli.main(["explain", "adamw", "--workload", "tiny", "--parallel", "zero1", "--nproc", "100000"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith(("rank ", "ranks "))]
+    assert len(lines) < 100 and lines[0].startswith("rank 0: ")
+    assert re.fullmatch(r"ranks \d+-99999 \([\d,]+\), each: 0\.00 MiB of state for 0 parameter\(s\) \(0 elements\)",
+                        lines[-1]), lines[-1]
 
 
 def test_explain_nproc_without_parallel_is_a_usage_error(capsys):

@@ -25,6 +25,7 @@ local shard (`OptimizerSpec.fsdp2 == "local"`) can be predicted there.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import re
 from collections.abc import Sequence
@@ -188,10 +189,17 @@ def render(single: Sequence[StateRow], ranks: Sequence[Sequence[StateRow]], chan
     to 120 characters); the identical layers of a layer stack collapse as in the state map."""
     mib = 2**20
     lines = [title, f"one process: {sum(r.state_bytes for r in single) / mib:,.2f} MiB of state"]
-    for rank, rows in enumerate(ranks):
+    described = []
+    for rows in ranks:
         held = [r for r in rows if r.state_bytes and r.module_kind != SHARED]
-        lines.append(f"rank {rank}: {sum(r.state_bytes for r in rows) / mib:,.2f} MiB of state for {len(held)} "
-                     f"parameter(s) ({sum(r.numel for r in held):,} elements)")
+        described.append(f"{sum(r.state_bytes for r in rows) / mib:,.2f} MiB of state for {len(held)} parameter(s) "
+                         f"({sum(r.numel for r in held):,} elements)")
+    # consecutive ranks that hold alike share a line: ZeRO-1 over more ranks than parameters left a million lines
+    # of "0.00 MiB" for --nproc 1000000
+    for text, group in itertools.groupby(enumerate(described), key=lambda pair: pair[1]):
+        numbers = [rank for rank, _ in group]
+        lines.append(f"rank {numbers[0]}: {text}" if len(numbers) == 1 else
+                     f"ranks {numbers[0]}-{numbers[-1]} ({len(numbers):,}), each: {text}")
     if not changes:
         lines.append("no parameter's state changes precision or bytes per element under sharding")
         return "\n".join(lines)
