@@ -62,6 +62,11 @@ def untrained_row(row: pd.Series) -> bool:
     return bool(count(row, "untrained")) and count(row, "untrained") >= count(row, "eval_target_n")
 
 
+def trained(rows: pd.DataFrame) -> pd.Series:
+    """Per summary row, whether a seed of it trained (not `untrained_row`): the rows a quality figure may come from."""
+    return pd.Series([not untrained_row(row) for _, row in rows.iterrows()], index=rows.index, dtype=bool)
+
+
 def short_quality(row: pd.Series) -> str:
     """The target metric's mean in four digits, or `untrained`."""
     return UNTRAINED if untrained_row(row) else f"{row['eval_target']:.4g}"

@@ -79,7 +79,7 @@ def _not_shown(summary: pd.DataFrame, job: str) -> str:
 def _trained(rows: pd.DataFrame) -> pd.DataFrame:
     """The rows that ended ok and trained: what the trade-off can place on a quality axis."""
     ok = rows[rows["status"] == "ok"]
-    return ok[[not cells.untrained_row(row) for _, row in ok.iterrows()]]
+    return ok[cells.trained(ok)]
 
 
 def _marker_areas(step_ms: pd.Series) -> pd.Series:

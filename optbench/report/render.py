@@ -32,8 +32,8 @@ from optbench.report.cells import (
     optional,
     present,
     short_quality,
+    trained,
     tuned_lr_cell,
-    untrained_row,
     verdict_phrase,
 )
 from optbench.report.frame import (
@@ -200,8 +200,7 @@ def _first_to_target(group: pd.DataFrame) -> str | None:
     if "time_to_target_s_n" not in group:
         return None
     n = group["time_to_target_s_n"].fillna(0)
-    trained = ~group.apply(untrained_row, axis=1).astype(bool)
-    reached = group[(n > 0) & (group["time_to_target_s_reached"] == n) & trained]
+    reached = group[(n > 0) & (group["time_to_target_s_reached"] == n) & trained(group)]
     times = reached["time_to_target_s"].astype(float).sort_values()
     spacing = pd.to_numeric(reached.get("time_to_target_s_resolution"), errors="coerce").max()
     if len(times) > 1 and present(spacing) and times.iloc[1] - times.iloc[0] <= spacing:
@@ -214,8 +213,7 @@ def _first_to_target(group: pd.DataFrame) -> str | None:
 def verdict_sentences(group: pd.DataFrame) -> list[str]:
     """Plain-text sentences about one job's ok rows: memory, speed, first to target, verdicts vs adamw."""
     metric, mode, said = str(group["target_metric"].iloc[0]), str(group["target_mode"].iloc[0]), []
-    trained = group["untrained"].fillna(0) < group["eval_target_n"].fillna(0) if "untrained" in group else True
-    scored = group[group["eval_target"].notna() & group["peak_memory_mib"].notna() & trained]
+    scored = group[group["eval_target"].notna() & group["peak_memory_mib"].notna() & trained(group)]
     if len(scored) and mode == "max":
         best = scored.loc[(scored["eval_target"] / scored["peak_memory_mib"]).idxmax()]
         said.append(f"most {metric} per MiB of peak training memory: {best['optimizer']} "
