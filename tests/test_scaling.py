@@ -77,6 +77,22 @@ def test_the_figure_keeps_its_panels_with_dozens_of_optimizers(tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_every_registry_entry_has_its_own_look_in_the_figure(tmp_path, monkeypatch):
+    """With 52 optimizers the figure's lines took matplotlib's ten default colours in turn, so five lines shared
+    each look. Each entry keeps report/canvas.py's colour, line style and marker: no two lines look alike."""
+    from optbench.optimizers import REGISTRY
+    from optbench.report import png
+
+    drawn = []
+    monkeypatch.setattr(png, "save_figure", lambda figure, path, dpi=None: drawn.append(figure) or path)
+    records = [Record(optimizer=name, state_precision="fp32", num_params=n, state_bytes=8 * n,
+                      step_time_median_s=n * 1e-8, status="ok", seed=0) for name in REGISTRY for n in (10**6, 10**7)]
+    scaling.plot_scaling(records, tmp_path / "scaling.png")
+    lines = [line for line in drawn[0].axes[0].get_lines() if not line.get_label().startswith("_")]
+    looks = {(line.get_color(), line.get_linestyle(), line.get_marker()) for line in lines}
+    assert len(lines) == len(REGISTRY) > 10 and len(looks) == len(lines)
+
+
 def test_fit_skips_failed_trials_and_takes_the_median_over_seeds():
     def record(n, state, status="ok", seed=0):
         return Record(optimizer="adamw", state_precision="fp32", num_params=n, state_bytes=state,

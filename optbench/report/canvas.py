@@ -49,6 +49,15 @@ def optimizer_line(name: str) -> dict[str, object]:
     return {"ls": ["-", "--", ":", "-."][index], "lw": 2.6 - 0.4 * index}
 
 
+MARKERS = ("o", "s", "^", "D", "v", "P", "X")  # seven: with ten colours and four line styles, 140 entries differ
+
+
+def optimizer_marker(name: str) -> str:
+    """A marker per optimizer for figures of points joined by lines: with the colour (period 10) and the line style
+    (period 4) it tells apart the first 140 registry entries, where colour alone repeats after ten."""
+    return MARKERS[_registry_index(name) % len(MARKERS)]
+
+
 def new_figure(rows: int, cols: int) -> tuple[Figure, np.ndarray]:
     """A figure of rows x cols panels of PANEL_IN inches each, its axes always a 2-D array."""
     fig = Figure(figsize=(PANEL_IN[0] * cols, PANEL_IN[1] * rows), dpi=DPI, layout="constrained")

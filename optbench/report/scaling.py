@@ -138,19 +138,20 @@ def render_scaling_markdown(records: Iterable[Record] | pd.DataFrame) -> str:
 
 
 def plot_scaling(records: Iterable[Record] | pd.DataFrame, path: Path) -> Path:
-    """scaling.png: state bytes and median step time against parameter count per optimizer, log-log."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    """scaling.png: state bytes and median step time against parameter count per optimizer, log-log. Each
+    optimizer keeps its colour, line style and marker from report/canvas.py, so 52 lines do not share ten looks."""
+    from optbench.report.canvas import new_figure, optimizer_colour, optimizer_line, optimizer_marker
     from optbench.report.png import save_figure
 
     frame = scaling_frame(records)
-    figure, (state_axis, time_axis) = plt.subplots(1, 2, figsize=(11, 4.5), constrained_layout=True)
+    figure, axes = new_figure(1, 2)
+    figure.set_size_inches(11, 4.5)
+    state_axis, time_axis = axes[0]
     for optimizer, group in frame.groupby("optimizer", sort=True):
-        state_axis.plot(group["num_params"], group["state_bytes"], marker="o", label=optimizer)
-        time_axis.plot(group["num_params"], group["step_time_median_s"], marker="o", label=optimizer)
+        look = {"color": optimizer_colour(str(optimizer)), "marker": optimizer_marker(str(optimizer)),
+                **optimizer_line(str(optimizer))}
+        state_axis.plot(group["num_params"], group["state_bytes"], label=optimizer, **look)
+        time_axis.plot(group["num_params"], group["step_time_median_s"], label=optimizer, **look)
     if not frame.empty:  # reference: what 8 and 2 bytes/param would be
         span = [frame["num_params"].min(), frame["num_params"].max()]
         for per_param in (8, 2):
@@ -169,5 +170,4 @@ def plot_scaling(records: Iterable[Record] | pd.DataFrame, path: Path) -> Path:
         figure.legend(handles, labels, loc="outside lower center", ncol=columns, fontsize=8)
         figure.set_figheight(4.5 + LEGEND_ROW_IN * math.ceil(len(labels) / columns))
     save_figure(figure, path, dpi=120)
-    plt.close(figure)
     return path
