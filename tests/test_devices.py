@@ -106,3 +106,13 @@ def test_bitsandbytes_is_preloaded_only_where_no_gpu_is_visible():
     assert preload_modules(base, True, 1) == base  # its import initialises CUDA: forked children could not use it
     assert preload_modules(base, False, 0) == base
 
+
+
+@pytest.mark.parametrize("name", ["mps", "meta", "xla"])
+def test_a_device_torch_knows_but_optbench_does_not_measure_is_refused(name):
+    """`run --device mps` passed the input check and ended every trial `error`; calibrate-bandwidth --device meta
+    ended in a traceback. Every figure here is a CPU's or a CUDA device's: other types are refused up front."""
+    from optbench.job.devices import resolve_device
+
+    with pytest.raises(ValueError, match="not one optbench measures on"):
+        resolve_device(name)

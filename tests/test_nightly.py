@@ -137,6 +137,47 @@ def test_bad_arguments_are_one_line(tmp_path, capsys, args, message):
     assert len(err) == 1 and message in err[0].lower(), err
 
 
+@pytest.mark.parametrize("args,message", [
+    (["--workload", "bogus"], "unknown workload"),
+    (["--optimizer-kwargs", "adamw={bad"], "not valid json"),
+    (["--slurm-partition", "foo"], "applies to --executor slurm"),
+    (["--model", "/nonexistent/optbench-model"], "model path not found"),
+    (["--device", "cuda:abc"], "unknown device"),
+    (["--device", "mps"], "not one optbench measures on"),
+])
+def test_the_sweeps_flags_are_refused_before_the_night_starts(tmp_path, capsys, monkeypatch, args, message):
+    """The sweep is a child `optbench run` started after the benchmark suite (up to an hour): a flag `run` refuses
+    in a second was refused only then. Now it is one line and exit 2 before any stage runs or --out is made."""
+    monkeypatch.setattr(nightly, "_run_stages", lambda night: pytest.fail("a stage ran"))
+    assert _night(tmp_path, "n", *args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0].lower(), err
+    assert not (tmp_path / "n").exists()
+
+
+@pytest.mark.parametrize("out", ["baseline", "baseline/n", "."])
+def test_a_night_into_its_own_baseline_is_refused(tmp_path, capsys, monkeypatch, out):
+    monkeypatch.setattr(nightly, "_run_stages", lambda night: pytest.fail("a stage ran"))
+    assert _night(tmp_path, out) == 2
+    assert "must be separate folders" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--device", "cuda:-1"], "unknown device"),
+    (["--device", "cuda"], "no cuda device"),
+    (["--device", "cpu", "--out", "o"], "drop --out"),
+])
+def test_the_baseline_key_is_printed_only_for_a_device_the_night_can_run(capsys, monkeypatch, args, message):
+    """`--print-baseline-key --device cuda` on a machine without a GPU printed the CPU's key (a GPU night's
+    baseline filed under it), `cuda:abc` and `cuda:-1` ended in a traceback, and --out was silently ignored."""
+    from optbench.job import devices
+
+    monkeypatch.setattr(devices, "cuda_device_count", lambda: 0)
+    assert main(["nightly", "--print-baseline-key", *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0].lower(), err
+
+
 def test_stage_commands():
     config = nightly.NightConfig(device="cpu", preset="smoke", baseline=Path("b"), out=Path("o"),
                                  thresholds=compare.thresholds_for("cpu"), optimizers=("adamw",),
@@ -151,7 +192,7 @@ def test_stage_commands():
     assert compare.thresholds_for("cuda") == compare.DEFAULT_THRESHOLDS["cuda"] != compare.thresholds_for("cpu")
 
 
-@pytest.mark.parametrize("device, gpus, kind", [("cuda:1", 0, "cuda"), ("auto", 1, "cuda"), ("auto", 0, "cpu"),
+@pytest.mark.parametrize("device, gpus, kind", [("cuda:1", 2, "cuda"), ("auto", 1, "cuda"), ("auto", 0, "cpu"),
                                                 ("cpu", 1, "cpu")])
 def test_a_nights_limits_and_pre_flight_follow_the_device_it_resolves_to(device, gpus, kind, monkeypatch):
     """`--device auto` on a GPU machine is a GPU night: the GPU's limits and the GPU's pre-flight (it was the

@@ -6,8 +6,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from optbench.cli import options
 from optbench.cli.options import UsageError, job_argv
 from optbench.cli.report import with_overrides
+from optbench.cli.sweeping import check_run
 from optbench.records import exits, nvidia
 
 
@@ -18,6 +20,9 @@ def nightly_command(args: argparse.Namespace) -> int:
     from optbench.workflows import nightly
 
     if args.print_baseline_key:
+        given = [flag for flag, value in (("--baseline", args.baseline), ("--out", args.out)) if value is not None]
+        if given:
+            raise UsageError(f"--print-baseline-key prints the key and runs no night; drop {' and '.join(given)}")
         try:
             print(nvidia.baseline_key(nightly.night_environment(args.device)))
         except nightly.NightlyError as exc:
@@ -32,6 +37,10 @@ def nightly_command(args: argparse.Namespace) -> int:
                                  thresholds=limits, optimizers=names, job_argv=tuple(job_argv(args)),
                                  strict_env=args.strict_env, accept=args.accept)
     try:
+        nightly.check_folders(config)
+        # The sweep is `optbench run` in a child, after the benchmark suite: its flags are checked now, as run does.
+        check_run(options.build_parser().parse_args(nightly.sweep_command(config, args.out / nightly.SWEEP_FILE)[3:]),
+                  args.out / nightly.SWEEP_FILE)
         night = nightly.run_night(config)
     except nightly.NightlyError as exc:
         raise UsageError(str(exc)) from None

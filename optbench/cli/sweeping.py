@@ -47,6 +47,18 @@ def sweep(args: argparse.Namespace, plan, out: Path) -> list[Record]:
         raise UsageError(str(exc)) from None
 
 
+def check_run(args: argparse.Namespace, out: Path) -> None:
+    """What `run` with `args` refuses before its first trial, asked without running one: `nightly` starts its sweep
+    as a child `optbench run` after the benchmark suite (up to an hour on CPU), so it asks first."""
+    from optbench.job import planner
+    from optbench.job.spec import PRESETS
+
+    plan = planner.plan_run(job_flags(args, out), PRESETS[args.preset], args.optimizers, args.seeds)
+    specs = plan.specs or [spec for spec, _ in plan.unavailable]
+    check_inputs(specs[0], local=args.executor == "local", eval_size_given=args.eval_size is not None)
+    executor(args, plan.specs, out, 1)  # the placement flags; jobs 1: a warning about --jobs is the sweep's to say
+
+
 def with_lrs(plan: Plan) -> Plan:
     """Each trial's lr settled before it runs (so its trial id holds it), and one line per optimizer saying where it
     came from: --lr, a committed study's choice for this job (job/tuned.py), or the registry's untuned default."""

@@ -49,8 +49,10 @@ def resolve_device(name: str) -> torch.device:
         device = torch.device(name)
     except RuntimeError:
         raise ValueError(f"unknown device '{name}'; use auto, cpu, cuda or cuda:N") from None
-    if device.type != "cuda":
+    if device.type == "cpu":
         return device
+    if device.type != "cuda":  # torch knows mps, xla, meta...: every figure here is a CPU's or a CUDA device's
+        raise ValueError(f"device '{name}' is not one optbench measures on; use auto, cpu, cuda or cuda:N")
     count = cuda_device_count()
     if count == 0:
         raise ValueError(f"device '{name}' asked for, but this torch build sees no CUDA device (use --device cpu)")

@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from optbench.job.devices import device_kind
+from optbench.job.devices import device_kind, resolve_device
 from optbench.records import exits, nvidia
 from optbench.records.benchjson import read_benchmark_records
 from optbench.records.record import FAILURES, read_records
@@ -129,6 +129,10 @@ def night_environment(device: str, run: nvidia.Runner | None = None) -> dict:
 
     from optbench.records.environment import environment
 
+    try:  # the night runs here: a device this machine cannot run (cuda without a GPU, cuda:abc, mps) is refused
+        index = resolve_device(device).index or 0
+    except ValueError as exc:
+        raise NightlyError(str(exc)) from None
     env = environment(torch.device("cpu"))  # libraries, CPU, commit: no CUDA asked
     if device_kind(device) != "cuda":  # `auto` on a GPU machine is pre-flighted too
         return env
@@ -136,7 +140,6 @@ def night_environment(device: str, run: nvidia.Runner | None = None) -> dict:
     if busy:
         raise NightlyError("pre-flight: " + "; ".join(busy) + ": a night timed beside it is noise; wait for it, or "
                            "point CUDA_VISIBLE_DEVICES at an idle GPU")
-    index = int(device.partition(":")[2] or 0)
     if index < len(stamps):
         env.update(stamps[index])
         env["gpus_visible"] = len(stamps)
@@ -145,10 +148,19 @@ def night_environment(device: str, run: nvidia.Runner | None = None) -> dict:
     return env
 
 
-def _write_environment(out: Path, device: str) -> dict:
-    env = night_environment(device)
-    (out / ENVIRONMENT_FILE).write_text(json.dumps(env, indent=2) + "\n", encoding="utf-8")
-    return env
+def check_folders(config: NightConfig) -> None:
+    """--out and --baseline, before anything is made: a night into a folder that holds one would resume an old
+    night's trials as tonight's, and a night into its own baseline (or either inside the other) would compare the
+    night with itself and then rotate it over itself."""
+    out, baseline = config.out.resolve(), config.baseline.resolve()
+    if out == baseline or out.is_relative_to(baseline) or baseline.is_relative_to(out):
+        raise NightlyError(f"--out {config.out} and --baseline {config.baseline} must be separate folders, neither "
+                           "inside the other")
+    if any((config.out / name).exists() for name in (SWEEP_FILE, BENCHMARK_FILE)):
+        raise NightlyError(f"--out {config.out} already holds a night; give each night a new folder")
+    for flag, folder in (("--out", config.out), ("--baseline", config.baseline)):
+        if folder.exists() and not folder.is_dir():
+            raise NightlyError(f"{flag} {folder} is not a folder")
 
 
 def check_baseline_key(baseline: Path, env: dict) -> None:
@@ -268,17 +280,14 @@ def _publish(summary: str, out: Path) -> None:
 
 def run_night(config: NightConfig) -> Night:
     """Every stage in order; raises NightlyError for what is exit 2. The caller maps clean/regression to 0/1."""
+    check_folders(config)
+    env = night_environment(config.device)  # a device the night cannot run is refused before --out is made
     try:
         config.out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise NightlyError(f"cannot create --out {config.out}: {exc.strerror or exc}") from None
-    if any((config.out / name).exists() for name in (SWEEP_FILE, BENCHMARK_FILE)):
-        # `optbench run` resumes a results file: an old night's trials would pass for tonight's.
-        raise NightlyError(f"--out {config.out} already holds a night; give each night a new folder")
-    if config.baseline.exists() and not config.baseline.is_dir():
-        raise NightlyError(f"--baseline {config.baseline} is not a folder")
+    (config.out / ENVIRONMENT_FILE).write_text(json.dumps(env, indent=2) + "\n", encoding="utf-8")
     night = Night(config)
-    env = _write_environment(config.out, config.device)
     check_baseline_key(config.baseline, env)
     _run_stages(night)
     _write_reports(night)
