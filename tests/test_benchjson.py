@@ -106,7 +106,37 @@ def test_a_median_that_is_not_a_number_is_bad_input(tmp_path, capsys):
     path = tmp_path / "b.json"
     path.write_text(json.dumps(_document(benches)))
     assert main(["report", str(path)]) == 2
-    assert "has no numeric stats.median" in capsys.readouterr().err
+    assert "has no positive stats.median" in capsys.readouterr().err
+
+
+def _broken(bench):
+    bench["stats"] = [1, 2]
+
+
+@pytest.mark.parametrize("breaks, message", [
+    (_broken, "has no positive stats.median"),
+    (lambda bench: bench["stats"].update(median=-0.1), "has no positive stats.median"),
+    (lambda bench: bench["extra_info"].update(batch_size="x"), "field batch_size is 'x', not a whole number"),
+    (lambda bench: bench["extra_info"].pop("optimizer"), "names no optimizer"),
+])
+def test_a_malformed_benchmark_is_one_line_not_a_traceback(tmp_path, capsys, breaks, message):
+    """A list for stats, a string for batch_size ended `report` in a traceback; a benchmark with no optimizer was
+    tabulated under an empty name; a negative median printed as a step time of -100 ms."""
+    bench = _bench("optimizer_step", _record("adamw", state_bytes=100 * MIB), 0.4)
+    breaks(bench)
+    path = tmp_path / "b.json"
+    path.write_text(json.dumps(_document([bench])))
+    assert main(["report", "--out-dir", str(tmp_path / "r"), str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+
+
+def test_a_kind_that_is_not_a_name_is_not_optbenchs(tmp_path):
+    benches = _suite()
+    benches[0]["extra_info"]["kind"] = ["train_step"]  # was: TypeError, unhashable type
+    path = tmp_path / "b.json"
+    path.write_text(json.dumps(_document(benches)))
+    assert len(read_benchmark_records(path)) == len(read_benchmark_records(path)) >= 1
 
 
 def test_raw_rounds_become_samples_when_saved(tmp_path):

@@ -2,6 +2,7 @@
 
 import json
 import math
+import warnings
 
 import pytest
 
@@ -48,6 +49,45 @@ def test_a_file_of_nothing_but_bad_lines_is_refused(tmp_path):
     path.write_text("not json\n{also not\n")
     with pytest.raises(ResultsFileError, match=":1: not a JSON line"):
         read_records(path)
+
+
+@pytest.mark.parametrize("field, value, says", [
+    ("peak_memory_bytes", "lots", "field peak_memory_bytes is 'lots', not a whole number or null"),
+    ("optimizer", None, "field optimizer is None, not a string"),
+    ("seed", None, "field seed is None, not a whole number"),
+    ("eval_metrics", None, "field eval_metrics is None, not an object"),
+    ("step_time_samples_s", [0.1, "x"], "field step_time_samples_s is [0.1, 'x'], not a list"),
+    ("pretrained", 1, "field pretrained is 1, not true or false"),
+])
+def test_a_field_of_the_wrong_type_is_an_unreadable_line(tmp_path, field, value, says):
+    """`"peak_memory_bytes": "lots"` or `"seed": null` in a results file ended report, compare and recommend in a
+    traceback from deep inside a table (a TypeError in arithmetic, a KeyError in a groupby). The line is skipped
+    with the warning a torn line gets, naming the field; a file of nothing else is refused with that line."""
+    path = tmp_path / "r.jsonl"
+    append_record(path, Record(trial_id="a", optimizer="adamw", status="ok", peak_memory_bytes=3, seed=1))
+    broken = {**Record(trial_id="b", optimizer="adamw", status="ok").to_dict(), field: value}
+    with open(path, "a") as handle:
+        handle.write(json.dumps(broken) + "\n")
+    with pytest.warns(UserWarning, match="unreadable line") as caught:
+        records = read_records(path)
+    assert [r.trial_id for r in records] == ["a"] and says in str(caught[0].message)
+    alone = tmp_path / "alone.jsonl"
+    alone.write_text(json.dumps(broken) + "\n")
+    with pytest.raises(ResultsFileError, match=":1: " + says.replace("[", r"\[").replace("]", r"\]")):
+        read_records(alone)
+
+
+def test_every_committed_record_has_its_fields_types():
+    """The check above must not drop real records: every line under results/ reads back whole."""
+    from pathlib import Path
+
+    files = sorted(Path(__file__).resolve().parents[1].glob("results/**/*.jsonl"))
+    assert files
+    for path in files:
+        lines = [line for line in path.read_text().splitlines() if line.strip()]
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert len(read_records(path)) == len(lines), path
 
 
 def test_check_writable_creates_the_folder_and_leaves_no_file(tmp_path):

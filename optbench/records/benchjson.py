@@ -21,6 +21,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from optbench.records.fields import RecordFieldError
 from optbench.records.record import MACHINE_KEYS, Record
 
 # kind -> the Record fields its stats median, IQR and raw rounds fill (None: the Record already holds them)
@@ -69,13 +70,21 @@ def records_from_document(data: dict[str, Any], source: Path) -> list[Record]:
     by_trial: dict[str, dict[str, dict[str, Any]]] = {}
     for bench in data["benchmarks"]:
         info = bench.get("extra_info") if isinstance(bench, dict) else None
-        if not isinstance(info, dict) or info.get("kind") not in TIMED_FIELDS or not info.get("trial_id"):
+        if not isinstance(info, dict) or not isinstance(info.get("kind"), str) or info["kind"] not in TIMED_FIELDS \
+                or not isinstance(info.get("trial_id"), str) or not info["trial_id"]:
             continue
-        median = (bench.get("stats") or {}).get("median")
-        if not isinstance(median, int | float):
-            raise BenchmarkJsonError(f"{source}: benchmark {bench.get('name')!r} has no numeric stats.median")
+        if not isinstance(info.get("optimizer"), str) or not info["optimizer"]:  # as a results line without one
+            raise BenchmarkJsonError(f"{source}: benchmark {bench.get('name')!r} is not an optbench benchmark "
+                                     "(its extra_info names no optimizer)")
+        stats = bench.get("stats")
+        median = stats.get("median") if isinstance(stats, dict) else None
+        if not isinstance(median, int | float) or isinstance(median, bool) or not median > 0:
+            raise BenchmarkJsonError(f"{source}: benchmark {bench.get('name')!r} has no positive stats.median")
         by_trial.setdefault(info["trial_id"], {})[info["kind"]] = bench
-    return [_merge(kinds, data) for kinds in by_trial.values()]
+    try:
+        return [_merge(kinds, data) for kinds in by_trial.values()]
+    except RecordFieldError as exc:
+        raise BenchmarkJsonError(f"{source}: a benchmark's extra_info: {exc}") from None
 
 
 def _merge(kinds: dict[str, dict[str, Any]], data: dict[str, Any]) -> Record:
@@ -90,7 +99,8 @@ def _merge(kinds: dict[str, dict[str, Any]], data: dict[str, Any]) -> Record:
         if fields is not None and kind in kinds:
             stats = kinds[kind]["stats"]
             setattr(record, fields[0], stats["median"])
-            setattr(record, fields[1], stats.get("iqr"))
+            iqr = stats.get("iqr")
+            setattr(record, fields[1], iqr if isinstance(iqr, int | float) and not isinstance(iqr, bool) else None)
             setattr(record, fields[2], _rounds(stats))
     if record.step_time_median_s and record.batch_size:
         record.samples_per_s = record.batch_size / record.step_time_median_s

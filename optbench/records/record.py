@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from optbench.records.environment import MACHINE_KEYS
+from optbench.records.fields import RecordFieldError, field_problem
 from optbench.records.upgrade import upgrade
 
 SCHEMA_VERSION = 4  # what each version changed, and how older records read back: upgrade.py
@@ -230,9 +231,13 @@ class Record:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Record:
         """Read a record of any schema: unknown (newer) fields are left out, missing (older) ones filled,
-        schema-1 meanings translated (see the module docstring), and the job key derived when absent."""
+        schema-1 meanings translated (see the module docstring), and the job key derived when absent. A value of
+        the wrong type (records/fields.py) is a RecordFieldError."""
         names = {f.name for f in dataclasses.fields(cls)}
         data = upgrade(dict(data))
+        problem = field_problem(cls, data)
+        if problem:
+            raise RecordFieldError(problem)
         record = cls(**{k: v for k, v in data.items() if k in names})
         if "job_key" not in data:  # a schema-1 record: its key from its fields
             record.job_key = job_key(record)
@@ -343,35 +348,37 @@ class ResultsFileError(ValueError):
 def read_records(path: Path) -> list[Record]:
     """Every record in a JSON Lines file.
 
-    Unreadable lines (a torn write, a line corrupted by hand) are skipped with one warning naming
-    their line numbers, so one bad line never hides the rest of a sweep. A file with no readable
-    record at all is refused: it is not a results file.
+    Unreadable lines (a torn write, a line corrupted by hand, a field of the wrong type) are skipped with one
+    warning naming their line numbers and the first one's fault, so one bad line never hides the rest of a sweep.
+    A file with no readable record at all is refused: it is not a results file.
     """
     if not path.is_file():
         raise ResultsFileError(f"no such results file: {path}")
     lines = path.read_text(encoding="utf-8").splitlines()
     records = []
-    bad: list[int] = []
-    first_error = ""
+    faults: dict[int, str] = {}  # line number: what is wrong with it
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
             data = json.loads(line)
         except json.JSONDecodeError as exc:
-            bad.append(number)
-            first_error = first_error or f"{path}:{number}: not a JSON line ({exc.msg})"
+            faults[number] = f"not a JSON line ({exc.msg})"
             continue
         if not isinstance(data, dict) or "trial_id" not in data or "optimizer" not in data:
             raise ResultsFileError(f"{path}:{number}: not an optbench record (no trial_id/optimizer)")
-        records.append(Record.from_dict(data))
-    if bad and not records:
-        raise ResultsFileError(first_error)
-    if bad == [len(lines)]:
+        try:
+            records.append(Record.from_dict(data))
+        except RecordFieldError as exc:
+            faults[number] = str(exc)
+    first = next(iter(faults), None)
+    if first is not None and not records:
+        raise ResultsFileError(f"{path}:{first}: {faults[first]}")
+    if list(faults) == [len(lines)] and faults[first].startswith("not a JSON line"):  # type: ignore[index]
         warnings.warn(f"{path}:{len(lines)}: skipping a torn last line (sweep killed mid-write?)", stacklevel=2)
-    elif bad:
-        warnings.warn(f"{path}: skipping {len(bad)} unreadable line(s): {', '.join(map(str, bad))} "
-                      "(torn or corrupted writes)", stacklevel=2)
+    elif faults:
+        warnings.warn(f"{path}: skipping {len(faults)} unreadable line(s): {', '.join(map(str, faults))} (torn or "
+                      f"corrupted writes; line {first}: {faults[first]})", stacklevel=2)  # type: ignore[index]
     return records
 
 
