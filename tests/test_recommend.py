@@ -1,6 +1,7 @@
 """recommend: what fits a budget (estimate.py's counts + measured activations), Pareto front first, quality in
 the results' own target metric and direction, differences to adamw in the verdict words."""
 
+import dataclasses
 import statistics
 from pathlib import Path
 
@@ -19,7 +20,7 @@ STUDY_RESULTS = REFERENCE_RESULTS.with_name("study.jsonl")
 
 def _records(rows):
     return [Record(trial_id=f"{name}-{seed}", optimizer=name, seed=seed, status="ok", eval_accuracy=accuracy,
-                   other_peak_bytes=activation, state_bytes_per_param=per_param)
+                   other_peak_bytes=activation, state_bytes_per_param=per_param, num_params=SIZE.num_params)
             for name, accuracy, activation, per_param in rows for seed in (0, 1)]
 
 
@@ -91,7 +92,7 @@ def test_a_lower_is_better_metric_turns_the_front_around():
     """Perplexity: the cheaper optimizer with the *lower* perplexity dominates; with accuracy it would not."""
     records = [Record(trial_id=f"{name}-{seed}", optimizer=name, seed=seed, status="ok", target_metric="perplexity",
                       target_mode="min", eval_metrics={"perplexity": ppl + 0.01 * seed}, other_peak_bytes=100 * MIB,
-                      state_bytes_per_param=per_param)
+                      state_bytes_per_param=per_param, num_params=SIZE.num_params)
                for name, ppl, per_param in (("adamw", 20.0, 8.0), ("adamw8bit", 18.0, 2.04)) for seed in (0, 1, 2)]
     rows = {r.estimate.optimizer: r for r in recommend(SIZE, 10 * 2**30, records)}
     assert rows["adamw8bit"].pareto and not rows["adamw"].pareto  # less memory and lower perplexity
@@ -101,6 +102,24 @@ def test_a_lower_is_better_metric_turns_the_front_around():
     assert "activations and perplexity measured in lm.jsonl" in text
     assert "perplexity 18.01 (better by at least 2 % vs adamw)" in text
     assert "fits, but adamw8bit needs no more memory and scores at least as well" in text
+
+
+@pytest.mark.parametrize("num_params, precision", [(22_714_371, "fp32"), (SIZE.num_params, "bf16")])
+def test_memory_measured_on_another_model_or_precision_is_not_used(num_params, precision):
+    """`recommend --params 7B --results` of MiniLM's 22.7M-parameter job charged a 7B model MiniLM's measured
+    activations (0.80 GiB) and scaled Adafactor's 0.019 B/param to it, though factored state grows with rows +
+    columns; fp32 results gave bf16 weights fp32 moments. Memory comes from the analytic count instead; the
+    accuracy measured there still stands, labelled with its job."""
+    records = [dataclasses.replace(r, num_params=num_params) for r in RECORDS]
+    rows = {r.estimate.optimizer: r for r in recommend(SIZE, 10 * 2**30, records, precision=precision)}
+    assert all(r.activation_bytes is None and r.estimate.basis != "measured" for r in rows.values())
+    assert rows["adafactor"].quality == pytest.approx(0.90)
+    text = render(list(rows.values()), SIZE, 10 * 2**30, precision, "r.jsonl")
+    assert "accuracy measured in r.jsonl" in text and "activations and accuracy" not in text
+    _, note = est.measured_here(records, SIZE, precision)
+    assert note and "not this model (10,000,000 parameters" in note
+    close = [dataclasses.replace(r, num_params=SIZE.num_params + 3) for r in RECORDS]  # a 3-weight head: one model
+    assert est.measured_here(close, SIZE, "fp32") == (close, None)
 
 
 def _adafactor_finals(records):

@@ -6,6 +6,7 @@ nothing itself: it takes the parsed arguments, calls the module that knows, prin
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from optbench.cli.options import UsageError, load_records
@@ -15,6 +16,32 @@ from optbench.records import exits
 
 def _load(path: Path) -> list:
     return load_records([path])
+
+
+def _check_shape(args: argparse.Namespace, size) -> None:
+    """--batch-size and --seq-len predict a peak from a model's config: both are needed, a --params count has no
+    config (the flags were ignored), and a sequence past the model's learned positions cannot run at all."""
+    given = [flag for flag, value in (("--batch-size", args.batch_size), ("--seq-len", args.seq_len)) if value]
+    if not given:
+        return
+    if size.facts is None:
+        raise UsageError(f"{' and '.join(given)} predict activations from a model's config: give --model "
+                         "(a --params count has no config, so they would be ignored)")
+    if size.facts.arch is None:
+        raise UsageError(f"{' and '.join(given)}: the predictor knows no activation model for {size.facts.name}'s "
+                         "architecture, so they would be ignored; drop them")
+    if len(given) == 1:
+        raise UsageError(f"{given[0]} needs {'--seq-len' if given[0] == '--batch-size' else '--batch-size'} too: "
+                         "the predicted peak is for one batch of one sequence length")
+    positions = size.facts.positions
+    if positions is not None and args.seq_len > positions:
+        raise UsageError(f"--seq-len {args.seq_len} is more than the {positions} positions {size.facts.name} has; "
+                         f"use --seq-len {positions} or less")
+
+
+def _say(note: str | None) -> None:
+    if note:
+        print(f"optbench: note: {note}", file=sys.stderr)
 
 
 def estimate_command(args: argparse.Namespace) -> int:
@@ -27,7 +54,12 @@ def estimate_command(args: argparse.Namespace) -> int:
                 else estimate.size_from_model(args.model, args.num_labels))
     except estimate.EstimateError as exc:
         raise UsageError(str(exc)) from None
-    measured = estimate.measured_bytes_per_param(_load(args.results)) if args.results else None
+    _check_shape(args, size)
+    measured = None
+    if args.results:
+        here, note = estimate.measured_here(_load(args.results), size, args.precision)
+        _say(note)
+        measured = estimate.measured_bytes_per_param(here)
     rows = estimate.estimate(size, measured, args.precision, args.batch_size, args.seq_len, args.device_kind)
     print(estimate.render(rows, size, args.gpus, args.gpu_memory))
     return exits.OK
@@ -41,9 +73,12 @@ def recommend_command(args: argparse.Namespace) -> int:
         size = estimate.size_from_count(args.params) if args.params else estimate.size_from_model(args.model)
     except estimate.EstimateError as exc:
         raise UsageError(str(exc)) from None
+    _check_shape(args, size)
     records = _load(args.results) if args.results else []
     if args.results and not records:
         raise UsageError(f"no records in {args.results}")
+    if records:
+        _say(estimate.measured_here(recommend.finals_of(records).records, size, args.precision)[1])
     rows = recommend.recommend(size, args.gpu_memory, records, args.precision, args.batch_size, args.seq_len,
                                args.device_kind)
     print(recommend.render(rows, size, args.gpu_memory, args.precision, str(args.results) if args.results else None))

@@ -135,6 +135,31 @@ def measured_bytes_per_param(records: Iterable) -> dict[str, float]:
     return {name: sum(v) / len(v) for name, v in values.items()}
 
 
+SAME_MODEL_FRACTION = 0.001  # parameter counts this close are one model: a classification head adds a few weights
+
+
+def measured_here(records: Iterable, size: ModelSize, precision: str) -> tuple[list, str | None]:
+    """The ok records whose memory figures describe this estimate: the same parameter count, weights of the same
+    width. Nothing else carries: Adafactor's factored state grows with rows + columns, not parameters; 8-bit
+    optimizers keep small tensors in fp32; torch keeps moments in the weights' dtype; activations belong to one
+    model at one batch. The line returned (None: every record is used) says what was left out."""
+    def weights(precision: str | None) -> str:
+        return "bf16" if param_bytes(precision or "fp32") == 2 else "fp32"
+
+    def same(record) -> bool:
+        close = abs((record.num_params or 0) - size.num_params) <= SAME_MODEL_FRACTION * size.num_params
+        return close and weights(record.precision) == weights(precision)
+
+    ok = [r for r in records if r.status == "ok"]
+    here = [r for r in ok if same(r)]
+    if len(here) == len(ok):
+        return here, None
+    elsewhere = sorted({f"{r.model or r.workload or '?'} ({r.num_params or 0:,} parameters, {weights(r.precision)} "
+                        "weights)" for r in ok if not same(r)})
+    return here, (f"--results measured {', '.join(elsewhere)}, not this model ({size.num_params:,} parameters, "
+                  f"{weights(precision)} weights): those trials' state and activation figures are not used here")
+
+
 @dataclass(frozen=True)
 class Estimate:
     """One optimizer's memory for one model, in bytes; `basis` says where the state figure came from."""

@@ -230,8 +230,7 @@ def size_limit(facts: Any, grow_by: str, max_size: int | None) -> int:
     end `error` (an index past the table) and the search would spend its probes learning nothing."""
     if grow_by == "batch":
         return max_size or 1024
-    tables = [p.shape[0] for p in facts.params if p.name.endswith("position_embeddings.weight")]
-    positions = min(tables) if tables else None
+    positions = facts.positions
     if max_size and positions is not None and max_size > positions:
         raise FitError(f"--max-size {max_size} is more than the {positions} positions {facts.name} has; "
                        f"use --max-size {positions} or less")

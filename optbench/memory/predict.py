@@ -98,6 +98,12 @@ class ModelFacts:
         frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
         return cls(name=name, params=params, arch=Architecture.from_model(model), frozen_numel=frozen)
 
+    @property
+    def positions(self) -> int | None:
+        """The learned position table's length: a longer sequence indexes past it. None: the model has none."""
+        tables = [p.shape[0] for p in self.params if p.name.endswith("position_embeddings.weight")]
+        return min(tables) if tables else None
+
     def in_precision(self, precision: str) -> tuple[Param, ...]:
         """Parameter facts with the element size the precision stores weights in (bf16: 2, else fp32)."""
         itemsize = 2 if precision == "bf16" else FP32_BYTES

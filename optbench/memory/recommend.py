@@ -134,9 +134,10 @@ def recommend(size: est.ModelSize, budget_bytes: int, records: Sequence = (), pr
     predictor's safety margin (optbench.memory.predict), not a sum plus a measured overhead. From `records` only
     one job's final trials count (`finals_of`)."""
     finals = finals_of(records) if records else Finals([])
-    measured_state = est.measured_bytes_per_param(finals.records) if finals.records else None
+    memory, _ = est.measured_here(finals.records, size, precision)  # quality carries across; memory figures do not
+    measured_state = est.measured_bytes_per_param(memory) if memory else None
     activations = {name: statistics.fmean(seeds.values())
-                   for name, seeds in _per_seed(finals.records, lambda r: r.other_peak_bytes).items()}
+                   for name, seeds in _per_seed(memory, lambda r: r.other_peak_bytes).items()}
     quality = _quality(finals.records)
     reference = quality.by_seed.get(resolve(REFERENCE_OPTIMIZER).name, {})
     # An optimizer the results lack gets the largest overhead they measured: a fit should not be a guess.
@@ -203,6 +204,9 @@ def _measured_note(rows: Sequence[Recommendation], results_name: str) -> str:
         return f"no final trial in {results_name}: activations and quality not measured"
     plural = "s" if first.other_jobs > 1 else ""
     others = f"; {first.other_jobs} other job{plural} in {results_name} left out" if first.other_jobs else ""
+    if all(r.activation_bytes is None for r in rows):  # est.measured_here: the results measured another model
+        return (f"{first.metric} measured in {results_name}: the final trials of {first.job} (their memory figures "
+                f"are another model's or precision's, not used){others}")
     return (f"activations and {first.metric} measured in {results_name}: the final trials of {first.job} (valid "
             f"for that job's batch and sequence length){others}")
 
