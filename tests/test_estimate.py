@@ -107,6 +107,11 @@ def test_model_counted_from_its_config_on_the_meta_device(capsys):
     assert rows["adamw8bit"]["state B/param"] == "2.040"  # 0.14 % of params sit in small fp32-state tensors
 
 
+def test_counts_are_read_as_decimals():
+    assert parse_count("1.3b") == 1_300_000_000 and parse_count("1e15") == 10**15 and parse_count("2.5k") == 2500
+    assert parse_bytes("1.1KiB") == 1126  # a fraction of a byte is dropped
+
+
 def test_measured_state_from_a_results_file(tmp_path, capsys):
     results = tmp_path / "r.jsonl"
     records = [Record(trial_id=f"t{i}", optimizer=name, status=status, state_bytes_per_param=value, num_params=1000)
@@ -134,6 +139,11 @@ def test_measured_state_from_a_results_file(tmp_path, capsys):
     (["--params", "7B", "--results", "/no/such.jsonl"], "no such results file"),
     ([], "one of the arguments --params --model is required"),
     (["--params", "7B", "--batch-size", "4", "--seq-len", "16"], "a --params count has no config"),
+    (["--params", "1.5"], "a parameter count is a whole number"),  # was rounded, half to even: 2.5 read as 2
+    (["--params", "1e30"], "at most 10^15"),  # was printed with float noise
+    (["--params", "1e400"], "at most 10^15"),  # was "must be at least 1"
+    (["--params", "7B", "--gpu-memory", "0.5B"], "at least 1 byte"),  # was a budget of 0.00 GiB
+    (["--params", "7B", "--gpu-memory", "1e400GiB"], "at most 16 EiB"),  # was "must be positive"
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, args, message):
     code, out, err = run(capsys, *args)

@@ -19,6 +19,7 @@ state" is 502 MiB (526 MB in powers of ten).
 from __future__ import annotations
 
 import dataclasses
+import decimal
 import math
 import re
 from collections.abc import Iterable, Sequence
@@ -42,6 +43,9 @@ _COUNT_SUFFIXES = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 1
 _BYTE_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
                "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 _NUMBER = r"(\d+(?:\.\d*)?|\.\d+)(e[+-]?\d+)?"
+# Past 10^15 parameters a state's byte count (8 per parameter) nears 2^53, where float arithmetic drops whole
+# bytes; no model is near it. Memory sizes stop at 2^64 bytes.
+MAX_PARAMS, MAX_BYTES = 10**15, 2**64
 
 
 class EstimateError(ValueError):
@@ -49,26 +53,33 @@ class EstimateError(ValueError):
 
 
 def parse_count(text: str) -> int:
-    """A parameter count: 65783042, 65,783,042, 7e9, 7B, 1.3b, 350M, 125k."""
+    """A parameter count: 65783042, 65,783,042, 7e9, 7B, 1.3b, 350M, 125k. Read as a decimal, so 1.3b is exactly
+    1,300,000,000; a count that is not whole (1.5) is refused, not rounded."""
     match = re.fullmatch(_NUMBER + r"\s*([kmbgt]?)", text.strip().replace(",", "").replace("_", "").lower())
     if match is None:
         raise EstimateError(f"expected a positive parameter count like 65783042, 7e9 or 7B, got '{text}'")
-    value = float(match.group(1) + (match.group(2) or "")) * _COUNT_SUFFIXES[match.group(3)]
-    if not math.isfinite(value) or round(value) < 1:
+    value = decimal.Decimal(match.group(1) + (match.group(2) or "")) * _COUNT_SUFFIXES[match.group(3)]
+    if value < 1:
         raise EstimateError(f"the parameter count must be at least 1, got '{text}'")
-    return round(value)
+    if value > MAX_PARAMS:
+        raise EstimateError(f"the parameter count must be at most 10^15, got '{text}'")
+    if value != value.to_integral_value():
+        raise EstimateError(f"a parameter count is a whole number, got '{text}' ({value.normalize():f})")
+    return int(value)
 
 
 def parse_bytes(text: str) -> int:
     """A memory size with an explicit unit: 80GiB, 80GB (10^9), 512MiB, 24 GiB. A bare number is refused
-    because GB and GiB differ by 7 %, which decides "fits" near the limit."""
+    because GB and GiB differ by 7 %, which decides "fits" near the limit. A fraction of a byte is dropped."""
     match = re.fullmatch(_NUMBER + r"\s*([kmgt]?i?b)", text.strip().lower())
     if match is None or match.group(3) not in _BYTE_UNITS:
         raise EstimateError(f"expected a memory size with a unit like 80GiB, 80GB or 512MiB, got '{text}'")
-    value = float(match.group(1) + (match.group(2) or "")) * _BYTE_UNITS[match.group(3)]
-    if not math.isfinite(value) or value <= 0:
-        raise EstimateError(f"the memory size must be positive, got '{text}'")
-    return int(value)
+    value = int(decimal.Decimal(match.group(1) + (match.group(2) or "")) * _BYTE_UNITS[match.group(3)])
+    if value < 1:
+        raise EstimateError(f"the memory size must be at least 1 byte, got '{text}'")
+    if value > MAX_BYTES:
+        raise EstimateError(f"the memory size must be at most 16 EiB (2^64 bytes), got '{text}'")
+    return value
 
 
 @dataclass(frozen=True)
