@@ -166,7 +166,7 @@ def test_rendered_lines_fit_120_characters_and_end_with_total_and_answer():
     assert any(line.lstrip().startswith("…") for line in lines)  # the long name is cut from the left
     # 2 x 147,456 uint8 + 4,608 absmax bytes, and 8 x 147,456 fp32 bytes, over 2 x 147,456 params.
     assert lines[-2] == "total: 294,912 params, 1,479,168 state bytes (1.41 MiB), 5.0156 bytes/param"
-    assert lines[-1] == "why no memory saving? 50 % of params keep fp32 state: embeddings 100 %; mostly embed.weight"
+    assert lines[-1] == "full-size fp32 state: 50 % of params: embeddings 100 %; mostly embed.weight"
 
 
 def test_state_map_csv_has_one_line_per_row_with_bytes_per_dtype(tmp_path):
@@ -197,7 +197,16 @@ def test_explain_adamw8bit_hf_shows_the_word_embedding_fp32_and_the_layers_8bit(
     assert f" {analytic:,} state bytes" in lines[-2]
     # fp32: all 11.9 M embedding elements (word and position by the override, the rest under 4096 elements)
     # and every vector: 52.6 % of MiniLM's 22.7 M, 99.7 % of it in the embeddings.
-    assert lines[-1].startswith("why no memory saving? 52.6 % of params keep fp32 state: embeddings 99.7 %")
+    assert lines[-1].startswith("full-size fp32 state: 52.6 % of params: embeddings 99.7 %")
+
+
+@pytest.mark.parametrize("name, share", [("lomo", "none"), ("adafactor", "0.089 % of params")])
+def test_an_optimizer_that_saves_memory_is_not_asked_why_it_saves_none(name, share):
+    """The last line read "why no memory saving? no parameter keeps full-size fp32 state" for LoMo (no state at
+    all), and asked the same of Adafactor (factored; full state only for its vectors): a question that was false
+    for both. It states the share as a fact."""
+    last = explain(name, workload="tiny").splitlines()[-1]
+    assert last.startswith(f"full-size fp32 state: {share}") and "why no memory saving" not in last
 
 
 def test_an_empty_map_renders_one_line():

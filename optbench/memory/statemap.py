@@ -273,19 +273,23 @@ def _table_lines(rows: Sequence[StateRow], prefix: str) -> list[str]:
     return lines
 
 
+FULL_FP32 = "full-size fp32 state"  # a parameter with state as large as an fp32 copy of it, or larger
+
+
 def _answer(rows: Sequence[StateRow], prefix: str) -> str:
     """The one-line answer to "why no memory saving?": the share of parameters on full-size fp32 state, the
-    module kinds it sits in (the top three) and the parameter that holds most of it, if one does and it fits."""
+    module kinds it sits in (the top three) and the parameter that holds most of it, if one does and it fits.
+    Said as a fact, not as that question: for LoMo (no state) or Adafactor (factored) the question was false."""
     params = [row for row in rows if row.module_kind != SHARED]
     if any(row.fp32_state_numel is None for row in params):
-        return "why no memory saving? see the analytic map (optbench explain): a measured map shows only dtypes"
+        return f"{FULL_FP32}: see the analytic map (optbench explain): a measured map shows only dtypes"
     numel = sum(row.numel for row in params)
     fp32_numel = sum(row.fp32_state_numel for row in params)
     if not fp32_numel:
-        return "why no memory saving? no parameter keeps full-size fp32 state"
+        return f"{FULL_FP32}: none (each parameter's state is smaller than an fp32 copy of it, or absent)"
     by_kind = {kind: sum(r.fp32_state_numel for r in params if r.module_kind == kind) for kind in MODULE_KINDS}
     top = sorted(((n, kind) for kind, n in by_kind.items() if n / fp32_numel >= 0.005), reverse=True)[:3]
-    text = (f"why no memory saving? {_percent(fp32_numel / numel)} of params keep fp32 state: "
+    text = (f"{FULL_FP32}: {_percent(fp32_numel / numel)} of params: "
             + ", ".join(f"{kind} {_percent(n / fp32_numel)}" for n, kind in top))
     biggest = max(params, key=lambda row: row.fp32_state_numel)
     mostly = f"; mostly {biggest.name.removeprefix(prefix)}" if 2 * biggest.fp32_state_numel > fp32_numel else ""
