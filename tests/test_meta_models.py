@@ -58,3 +58,17 @@ def test_a_config_that_cannot_be_built_is_one_line_naming_what_to_give(tmp_path)
     with pytest.raises(WorkloadError, match="cannot build model") as info:
         explain_model(model=str(tmp_path))  # 30 is not a multiple of 4 heads: transformers refuses the config
     assert "\n" not in str(info.value) and "--workload minilm" in str(info.value)
+
+
+@pytest.mark.parametrize("config, says", [
+    ("{bad", "is not a valid JSON file"),
+    ('{"model_type": "nosuch"}', "does not recognize this architecture"),
+    ('{"model_type": "bert", "hidden_size": -4, "num_attention_heads": 1}', "negative dimension"),
+])
+def test_a_folder_whose_config_is_broken_says_what_is_wrong_with_it(tmp_path, config, says):
+    """A folder with a malformed config.json (or an unknown model_type) was called "not a local model folder",
+    though it is one; a negative hidden_size ended explain and estimate in a RuntimeError traceback."""
+    (tmp_path / "config.json").write_text(config)
+    with pytest.raises(WorkloadError, match=says) as info:
+        explain_model(model=str(tmp_path))
+    assert "\n" not in str(info.value) and "not a local model folder" not in str(info.value)

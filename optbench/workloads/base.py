@@ -274,6 +274,9 @@ def model_config(source: str, local_files_only: bool = False, hint: str = OFFLIN
     try:
         return AutoConfig.from_pretrained(source, local_files_only=local_files_only, **overrides)
     except (OSError, ValueError) as exc:
+        if (Path(source) / "config.json").is_file():  # the folder is there: say what is wrong with its config
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise WorkloadError(f"cannot read {Path(source) / 'config.json'}: {reason}; {hint}") from exc
         where = "in the local Hugging Face cache" if local_files_only else "on a reachable Hugging Face hub"
         raise WorkloadError(f"cannot read the config of model '{source}' (not a local model folder nor {where}); "
                             f"{hint}") from exc
@@ -290,7 +293,7 @@ def on_meta_device(build: Callable[[], torch.nn.Module], name: str, hint: str = 
             return build()
     except WorkloadError:
         raise
-    except (ValueError, TypeError, AttributeError, KeyError) as exc:
+    except (ValueError, TypeError, AttributeError, KeyError, RuntimeError) as exc:  # Runtime: a negative size
         reason = str(exc).splitlines()[0] if str(exc) else ""
         raise WorkloadError(f"cannot build model '{name}' from its config ({type(exc).__name__}: {reason}); {hint}"
                             ) from exc
