@@ -32,7 +32,7 @@ CASES = [
     # run: numbers that are zero, negative, not numbers or infinite
     (RUN + ["--jobs", "0"], "--jobs: must be positive"),
     (RUN + ["--jobs", "two"], "--jobs: expected a whole number"),
-    (RUN + ["--max-memory", "0GiB"], "--max-memory: the memory size must be positive"),
+    (RUN + ["--max-memory", "0GiB"], "--max-memory: the memory size must be at least 1 byte"),
     (RUN + ["--max-memory", "12"], "--max-memory: expected a memory size with a unit"),
     (RUN + ["--timeout", "inf"], "--timeout: must be a positive finite number"),
     (RUN + ["--timeout", "-5"], "--timeout: must be a positive finite number"),
@@ -74,7 +74,7 @@ CASES = [
     (["estimate", "--model", "not-a-model"], "cannot read the config of model 'not-a-model'"),
     # recommend
     (["recommend", "--params", "7B"], "the following arguments are required: --gpu-memory"),
-    (["recommend", "--params", "7B", "--gpu-memory", "0GiB"], "the memory size must be positive"),
+    (["recommend", "--params", "7B", "--gpu-memory", "0GiB"], "the memory size must be at least 1 byte"),
     (["recommend", "--params", "seven", "--gpu-memory", "24GiB"], "expected a positive parameter count"),
     (["recommend", "--params", "7B", "--gpu-memory", "24GiB", "--results", "malformed.jsonl"],
      "malformed.jsonl:1: not a JSON line"),
@@ -89,7 +89,7 @@ CASES = [
     (STUDY + ["--tune-search", "random"], "--tune-search: invalid choice"),
     (STUDY + ["--dataset", "empty.csv"], "cannot read dataset file empty.csv"),
     # fit: a budget, a model, a workload or a device that cannot be used, before any probe runs
-    (FIT + ["--memory", "0GiB"], "--memory: the memory size must be positive"),
+    (FIT + ["--memory", "0GiB"], "--memory: the memory size must be at least 1 byte"),
     (FIT[:1] + FIT[3:], "the following arguments are required: --memory"),
     (FIT + ["--grow", "width"], "--grow: invalid choice"),
     (FIT + ["--max-size", "0"], "--max-size: must be positive"),
