@@ -228,6 +228,32 @@ def test_the_command_writes_into_the_cache_and_never_into_the_package(tmp_path, 
     assert sorted(p for p in (ROOT / "optbench").rglob("*") if "__pycache__" not in p.parts) == package
 
 
+@pytest.mark.parametrize("out, says", [("folder", "it is a folder"),
+                                       ("file/bw.json", "is a file, not a folder")])
+def test_an_out_that_cannot_be_written_is_refused_before_measuring(tmp_path, monkeypatch, capsys, out, says):
+    """`--out` a folder, or a path through a file, failed only after every pass was measured (and said only
+    "File exists" for the second)."""
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "file").write_text("")
+    monkeypatch.setattr(bandwidth, "calibrate", lambda *args, **kwargs: pytest.fail("measured"))
+    assert main(["calibrate-bandwidth", "--device", "cpu", "--out", str(tmp_path / out)]) == 2
+    assert says in capsys.readouterr().err
+
+
+def test_more_threads_than_cores_is_said(tmp_path, monkeypatch, capsys):
+    import os
+
+    def stop(*args, **kwargs):
+        raise bandwidth.BandwidthError("measuring is not this test's")
+
+    monkeypatch.setattr(bandwidth, "calibrate", stop)
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # this process keeps its threads
+    threads = len(os.sched_getaffinity(0)) + 1
+    assert main(["calibrate-bandwidth", "--device", "cpu", "--threads", str(threads), "--out",
+                 str(tmp_path / "b.json")]) == 2
+    assert f"--threads {threads} is more than the" in capsys.readouterr().err
+
+
 def test_the_command_refuses_a_device_that_is_not_there(capfd):
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")

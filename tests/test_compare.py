@@ -137,6 +137,8 @@ def bad_inputs(tmp_path):
     (tmp_path / "notes.json").write_text("hello")
     (tmp_path / "other.json").write_text(json.dumps({"results": []}))
     (tmp_path / "empty").mkdir()
+    (tmp_path / "blank.jsonl").write_text("")
+    (tmp_path / "latin1.jsonl").write_bytes(b"\xff\xfe")
     _write(tmp_path / "elsewhere.jsonl", [dataclasses.replace(r, steps=99) for r in BASE])
     return tmp_path
 
@@ -152,12 +154,20 @@ def bad_inputs(tmp_path):
     (["{base}", "{base}", "--max-memory-growth=-5%"], "finite number >= 0"),
     (["{base}", "{base}", "--max-accuracy-drop", "inf"], "finite number >= 0"),
     (["{base}"], "required: new"),
+    # an empty history was used as none, silently
+    (["--noise-history", "{tmp}/blank.jsonl", "--", "{base}", "{base}"], "no records in --noise-history"),
+    # a folder to export to was refused only after the comparison printed: exit 2 would hide a regression's 1
+    (["{base}", "{base}", "--export-github-benchmark", "{tmp}/empty"], "it is a folder"),
+    (["{base}", "{base}", "--export-github-benchmark", "{base}/x.json"], "a file, not a folder"),
+    (["{base}", "{tmp}/latin1.jsonl"], "latin1.jsonl: not UTF-8 text"),  # the file was not named
 ])
 def test_bad_input_is_one_line_and_exit_2(base, bad_inputs, capsys, args, message):
     argv = ["compare", *[a.format(tmp=bad_inputs, base=base) for a in args]]
     assert main(argv) == 2
-    err = capsys.readouterr().err.strip().splitlines()
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
+    assert captured.out == ""  # refused before any comparison is printed
 
 
 # --- noise-aware verdicts: per-step samples, seeds, environments ------------------------------------

@@ -9,7 +9,8 @@ from optbench import optimizers
 from optbench.job.spec import TrialSpec
 from optbench.probes.fidelity import UpdateFidelity, reference_settings
 from optbench.probes.timing import StepTimer
-from optbench.records.record import Record, split_peak_memory
+from optbench.records.peaks import split_peak_memory
+from optbench.records.record import Record
 from optbench.trial.precision import unscale_and_check
 from optbench.trial.run import run_trial
 

@@ -78,7 +78,10 @@ def test_the_preflight_names_a_busy_gpu():
 
 
 def test_a_night_refuses_a_busy_gpu_and_stamps_an_idle_one(monkeypatch):
+    from optbench.job import devices
+
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(devices, "cuda_device_count", lambda: 2)  # the two GPUs the fake nvidia-smi lists
     with pytest.raises(nightly.NightlyError, match=r"^pre-flight: GPU 0 \(NVIDIA H200\) is in use by 4242 python"):
         nightly.night_environment("cuda", fake_smi(f"{UUID0}, 4242, python, 1024\n"))
     env = nightly.night_environment("cuda:1", fake_smi())

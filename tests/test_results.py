@@ -77,6 +77,16 @@ def test_a_field_of_the_wrong_type_is_an_unreadable_line(tmp_path, field, value,
         read_records(alone)
 
 
+def test_a_byte_order_mark_is_not_a_torn_line(tmp_path):
+    """A file saved by an editor that starts it with a UTF-8 byte-order mark lost its first record as unreadable."""
+    path = tmp_path / "r.jsonl"
+    append_record(path, Record(trial_id="a", optimizer="adamw", status="ok"))
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert [r.trial_id for r in read_records(path)] == ["a"]
+
+
 def test_every_committed_record_has_its_fields_types():
     """The check above must not drop real records: every line under results/ reads back whole."""
     from pathlib import Path

@@ -4,10 +4,11 @@ outside the package (optbench/probes/bandwidth.py), which every later trial's ro
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
-from optbench.cli.options import UsageError
+from optbench.cli.options import UsageError, check_output
 from optbench.records import exits
 
 
@@ -26,8 +27,13 @@ def calibrate_bandwidth_command(args: argparse.Namespace) -> int:
         torch.cuda.set_device(device)
     if args.threads:
         torch.set_num_threads(args.threads)
+    cores = len(os.sched_getaffinity(0))
+    if device.type == "cpu" and args.threads and args.threads > cores:
+        print(f"optbench: warning: --threads {args.threads} is more than the {cores} cores this process may use: "
+              "the ceiling measured is that many threads contending for them", file=sys.stderr)
     machine = machine_key(device)
     path = Path(args.out) if args.out else bandwidth.default_path(machine)
+    check_output(path, "--out")
     print(f"optbench calibrate-bandwidth: {args.rounds} rounds x {args.passes} passes of the {stream.KERNEL} kernel "
           f"on {device} ({torch.get_num_threads()} threads)...", file=sys.stderr, flush=True)
     try:

@@ -41,6 +41,17 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
+def check_output(path: Path, flag: str) -> None:
+    """A file a command will write, checked before its work (minutes of measuring, or a comparison whose exit 1 a
+    late exit 2 would hide) and without making anything: a folder there, or a file where a folder must be, is
+    one line now."""
+    existing = next(part for part in (path, *path.parents) if part.exists())
+    if existing == path and path.is_dir():
+        raise UsageError(f"cannot write {flag} {path}: it is a folder")
+    if existing != path and not existing.is_dir():
+        raise UsageError(f"cannot write {flag} {path}: {existing} is a file, not a folder")
+
+
 def load_records(files: list[Path]) -> list:
     """Every record in the results files or pytest-benchmark JSON named on the command line; a file that is not one
     is a usage error (one line), a skipped torn line a warning on stderr."""
@@ -62,8 +73,10 @@ def load_records(files: list[Path]) -> list:
                     records.extend(read_benchmark_records(path) if is_benchmark_path(path) else read_records(path))
             for warning in caught:
                 print(f"optbench: warning: {warning.message}", file=sys.stderr)
-        except (ResultsFileError, BenchmarkJsonError, UnicodeDecodeError) as exc:
+        except (ResultsFileError, BenchmarkJsonError) as exc:
             raise UsageError(str(exc)) from None
+        except UnicodeDecodeError as exc:
+            raise UsageError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
     return records
 
 

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from optbench.cli.options import UsageError, load_records
+from optbench.cli.options import UsageError, check_output, load_records
 from optbench.records import exits
 
 if TYPE_CHECKING:
@@ -52,6 +52,10 @@ def compare_command(args: argparse.Namespace) -> int:
             raise UsageError(f"no records in {role} {path}")
     limits = with_overrides(compare.calibrated_thresholds(runs["BASE"], runs["NEW"]), args)
     history = load_records(args.noise_history) if args.noise_history else []
+    if args.noise_history and not history:
+        raise UsageError(f"no records in --noise-history {', '.join(map(str, args.noise_history))}")
+    if args.export_github_benchmark is not None:  # before the comparison: a late exit 2 would hide a regression's 1
+        check_output(args.export_github_benchmark, "--export-github-benchmark")
     try:
         comparison = compare.compare(runs["BASE"], runs["NEW"], limits, history)
     except compare.CompareError as exc:

@@ -18,7 +18,8 @@ from optbench.job.devices import device_kind
 from optbench.memory import predict
 from optbench.memory.calibration import Calibration, CalibrationError, CalibrationSet, ErrorBand, load_calibrations
 from optbench.optimizers import UnknownOptimizerError, resolve
-from optbench.records.record import MIB, Record, split_peak_memory
+from optbench.records.peaks import split_peak_memory
+from optbench.records.record import MIB, Record
 
 
 class LeftOutWarning(UserWarning):

@@ -40,7 +40,7 @@ JOB_KEY_FIELDS = ("workload", "workload_options", "model", "pretrained", "datase
 
 __all__ = ["FAILURES", "GIB", "JOB_KEY_FIELDS", "MACHINE_KEYS", "MIB", "REFERENCE_OPTIMIZER", "SCHEMA_VERSION",
            "STATUSES", "Record", "ResultsFileError", "append_record", "check_writable", "completed_trial_ids",
-           "job_key", "read_records", "split_peak_memory"]
+           "job_key", "read_records"]
 
 
 @dataclass
@@ -251,32 +251,6 @@ def job_key(record: Record) -> dict[str, Any]:
     return key
 
 
-def split_peak_memory(record: Record) -> None:
-    """Fill `peak_memory_bytes` and `other_peak_bytes` from the measured peaks.
-
-    On CUDA the allocator's peak counts every tensor it allocated, weights included, but not state allocated
-    around it (`paged_state_bytes`): that is added to the peak, and so subtracted only once with the state. On
-    CPU the RSS peak is read as growth over the post-setup baseline, which already holds the weights, so they are
-    added back. What is left after weights, grads and optimizer state is activations and temporaries ("other").
-    On CPU that remainder can come out negative: the baseline is taken after a warm-up backward whose
-    freed buffers the allocator may keep resident and reuse (so grads or state need no new pages), and
-    RSS counts pages rather than tensors. A negative remainder means "no measurable extra", so it is
-    clamped at 0 rather than reported as memory given back.
-
-    Only fields the record lacks are filled, so the report can call this on any record it reads.
-    """
-    if record.peak_memory_bytes is None:
-        if record.peak_cuda_allocated_bytes is not None:
-            record.peak_memory_bytes = record.peak_cuda_allocated_bytes + (record.paged_state_bytes or 0)
-        elif record.peak_rss_growth_bytes is not None and record.weights_bytes is not None:
-            record.peak_memory_bytes = record.weights_bytes + record.peak_rss_growth_bytes
-    if record.other_peak_bytes is not None or record.peak_memory_bytes is None or None in (
-            record.weights_bytes, record.grads_bytes, record.state_bytes):
-        return
-    other = record.peak_memory_bytes - record.weights_bytes - record.grads_bytes - record.state_bytes
-    record.other_peak_bytes = max(0, other)
-
-
 def _finite(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
@@ -354,7 +328,7 @@ def read_records(path: Path) -> list[Record]:
     """
     if not path.is_file():
         raise ResultsFileError(f"no such results file: {path}")
-    lines = path.read_text(encoding="utf-8").splitlines()
+    lines = path.read_text(encoding="utf-8-sig").splitlines()  # -sig: an editor's byte-order mark is not a fault
     records = []
     faults: dict[int, str] = {}  # line number: what is wrong with it
     for number, line in enumerate(lines, start=1):
@@ -399,7 +373,10 @@ def check_writable(path: Path) -> None:
     """
     if path.exists() and not path.is_file():
         raise IsADirectoryError(errno.EISDIR, "is a directory, not a results file", str(path))
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):  # mkdir says only "File exists"
+        raise NotADirectoryError(errno.ENOTDIR, "a part of its folder path is a file", str(path)) from None
     existed = path.exists()
     with open(path, "ab"):
         pass

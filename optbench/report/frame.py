@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from optbench.records.record import REFERENCE_OPTIMIZER, Record, job_key, split_peak_memory
+from optbench.records.peaks import split_peak_memory
+from optbench.records.record import REFERENCE_OPTIMIZER, Record, job_key
 from optbench.report import bounds, metrics, stats, tuning
 from optbench.report.metrics import MEAN, MEDIAN_INF, MEMORY_HEADLINE, SPEED_HEADLINE, TEXT, Metric, record_values
 

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from optbench.probes import bandwidth, measure
-from optbench.records.record import Record, split_peak_memory
+from optbench.records.peaks import split_peak_memory
+from optbench.records.record import Record
 
 if TYPE_CHECKING:
     import torch
