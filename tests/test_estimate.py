@@ -187,6 +187,9 @@ def test_batch_and_seq_add_the_predicted_peak_and_a_margin_from_the_error_band(m
     out = est.render(list(rows.values()), minilm_size, gpu_memory_bytes=budget)
     assert BAND.describe() in out and "predicted peak GiB" in out and "with margin GiB" in out
     assert table_rows(out)["adamw"][f"fits {budget / GIB:,.2f} GiB"].startswith("no (+")
+    # A column read "activations MiB 0.0" at batch 16 where the step sets the peak: the parts are the phase's,
+    # and the phase is shown beside them.
+    assert table_rows(out)["adamw"]["peak in"] == expected.phase and "activations at peak MiB" in out
 
 
 def test_the_margin_is_never_less_than_the_bytes_the_held_out_trials_were_under_predicted_by(minilm_size,

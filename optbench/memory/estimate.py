@@ -318,7 +318,9 @@ def render(estimates: Sequence[Estimate], size: ModelSize, gpus: int = 1, gpu_me
     headers = ["optimizer", "precision", "state B/param", "from", "state MiB", "state GiB",
                "% of adamw state", "weights+grads+state GiB/GPU"]
     if predicted:
-        headers += ["activations MiB", "temporaries MiB", "predicted peak GiB", "with margin GiB"]
+        # the parts of the phase that sets the peak: activations are 0 at a step peak, temporaries at a backward one
+        headers += ["peak in", "activations at peak MiB", "temporaries at peak MiB", "predicted peak GiB",
+                    "with margin GiB"]
     stages = ZERO_STAGES if gpus > 1 else ()
     headers += [f"ZeRO-{stage} GiB/GPU ({gpus} GPUs)" for stage in stages]
     if gpu_memory_bytes is not None:
@@ -330,14 +332,15 @@ def render(estimates: Sequence[Estimate], size: ModelSize, gpus: int = 1, gpu_me
                _gib(e.state_bytes), f"{100 * e.state_bytes / reference:.1f}" if reference else "",
                _gib(e.per_gpu_bytes())]
         if predicted:
-            row += [_mib(e.activation_bytes or 0), _mib(e.temporaries_bytes or 0),
+            row += [e.peak_phase, _mib(e.activation_bytes or 0), _mib(e.temporaries_bytes or 0),
                     _gib(e.predicted_peak_bytes or 0), _gib(e.safe_bytes())]
         row += [_gib(e.safe_bytes(gpus, stage) if predicted else e.per_gpu_bytes(gpus, stage)) for stage in stages]
         if gpu_memory_bytes is not None:
             row.append(_fits(e.safe_bytes(), gpu_memory_bytes))
             row += [_fits(e.safe_bytes(gpus, stage), gpu_memory_bytes) for stage in stages]
         rows.append(row)
-    align = ["left" if h in ("optimizer", "precision", "from") or h.startswith("fits") else "right" for h in headers]
+    align = ["left" if h in ("optimizer", "precision", "from", "peak in") or h.startswith("fits") else "right"
+             for h in headers]
     table = tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True, colalign=align)
     return "\n".join(_notes(estimates, size, stages)) + "\n\n" + table
 
