@@ -58,6 +58,7 @@ def test_a_file_of_nothing_but_bad_lines_is_refused(tmp_path):
     ("eval_metrics", None, "field eval_metrics is None, not an object"),
     ("step_time_samples_s", [0.1, "x"], "field step_time_samples_s is [0.1, 'x'], not a list"),
     ("pretrained", 1, "field pretrained is 1, not true or false"),
+    ("status", "weird", "field status is 'weird', not one of ok, oom"),  # was tabulated as 'weird 1/1'
 ])
 def test_a_field_of_the_wrong_type_is_an_unreadable_line(tmp_path, field, value, says):
     """`"peak_memory_bytes": "lots"` or `"seed": null` in a results file ended report, compare and recommend in a

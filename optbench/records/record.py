@@ -236,6 +236,8 @@ class Record:
         names = {f.name for f in dataclasses.fields(cls)}
         data = upgrade(dict(data))
         problem = field_problem(cls, data)
+        if problem is None and data.get("status", "error") not in STATUSES:  # every table groups by these
+            problem = f"field status is {data['status']!r}, not one of {', '.join(STATUSES)}"
         if problem:
             raise RecordFieldError(problem)
         record = cls(**{k: v for k, v in data.items() if k in names})
