@@ -37,7 +37,7 @@ def test_list_markdown_and_csv_hold_every_column_of_every_entry(capsys):
         spec = optimizers.REGISTRY[row["optimizer"]]
         assert (row["hf_optim"], row["precision"], row["why_not_here"]) == (
             spec.hf_alias, spec.precision, spec.unavailable_reason() or "")
-        assert row["lr_range"] == f"{spec.lr_range[0]:g}-{spec.lr_range[1]:g}"
+        assert row["lr_range"] == f"{spec.lr_range[0]:g} to {spec.lr_range[1]:g}"  # a dash read as a minus
         assert row["install"] == (f"optbench[{spec.extra}]" if spec.extra else "core")
     assert cli.main(["list", "--format", "markdown"]) == 0
     lines = capsys.readouterr().out.splitlines()

@@ -26,7 +26,7 @@ def _rows() -> list[dict[str, Any]]:
         rows.append({
             "optimizer": spec.name, "hf_optim": spec.hf_alias, "other_names": ", ".join(spec.names[1:]),
             "precision": spec.precision, "state_bytes_per_param_1024x1024_fp32": round(spec.nominal_bytes_per_param, 3),
-            "default_lr": f"{spec.default_lr:g}", "lr_range": f"{low:g}-{high:g}",
+            "default_lr": f"{spec.default_lr:g}", "lr_range": f"{low:g} to {high:g}",  # not "1e-05-0.0003"
             "install": f"optbench[{spec.extra}]" if spec.extra else "core",
             "available_here": spec.unavailable_reason() is None, "why_not_here": spec.unavailable_reason() or "",
             "description": spec.description,
