@@ -37,7 +37,6 @@ def nightly_command(args: argparse.Namespace) -> int:
                                  thresholds=limits, optimizers=names, job_argv=tuple(job_argv(args)),
                                  strict_env=args.strict_env, accept=args.accept)
     try:
-        nightly.check_folders(config)
         # The sweep is `optbench run` in a child, after the benchmark suite: its flags are checked now, as run does.
         check_run(options.build_parser().parse_args(nightly.sweep_command(config, args.out / nightly.SWEEP_FILE)[3:]),
                   args.out / nightly.SWEEP_FILE)

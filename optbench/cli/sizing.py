@@ -77,10 +77,9 @@ def recommend_command(args: argparse.Namespace) -> int:
     records = _load(args.results) if args.results else []
     if args.results and not records:
         raise UsageError(f"no records in {args.results}")
-    if records:
-        _say(estimate.measured_here(recommend.finals_of(records).records, size, args.precision)[1])
     rows = recommend.recommend(size, args.gpu_memory, records, args.precision, args.batch_size, args.seq_len,
                                args.device_kind)
+    _say(rows[0].memory_note if rows else None)
     print(recommend.render(rows, size, args.gpu_memory, args.precision, str(args.results) if args.results else None))
     return exits.OK if any(r.fits for r in rows) else exits.NOTHING_FITS
 

@@ -42,6 +42,7 @@ class Recommendation:
     mode: str = "max"  # its direction: "max" larger is better, "min" smaller
     job: str | None = None  # the results' job the measurements come from (None: no results)
     other_jobs: int = 0  # jobs in the results that were left out
+    memory_note: str | None = None  # records of another model or precision whose memory was not used (measured_here)
 
     @property
     def total_bytes(self) -> int:
@@ -134,7 +135,7 @@ def recommend(size: est.ModelSize, budget_bytes: int, records: Sequence = (), pr
     predictor's safety margin (optbench.memory.predict), not a sum plus a measured overhead. From `records` only
     one job's final trials count (`finals_of`)."""
     finals = finals_of(records) if records else Finals([])
-    memory, _ = est.measured_here(finals.records, size, precision)  # quality carries across; memory figures do not
+    memory, note = est.measured_here(finals.records, size, precision)  # quality carries across; memory does not
     measured_state = est.measured_bytes_per_param(memory) if memory else None
     activations = {name: statistics.fmean(seeds.values())
                    for name, seeds in _per_seed(memory, lambda r: r.other_peak_bytes).items()}
@@ -153,7 +154,8 @@ def recommend(size: est.ModelSize, budget_bytes: int, records: Sequence = (), pr
             quality=quality.mean(estimate.optimizer), fits=False, pareto=False,
             unavailable=REGISTRY[estimate.optimizer].unavailable_reason(), verdict=found.text if found else None,
             untrained=estimate.optimizer in quality.untrained,
-            metric=quality.metric, mode=quality.mode, job=finals.job, other_jobs=finals.other_jobs))
+            metric=quality.metric, mode=quality.mode, job=finals.job, other_jobs=finals.other_jobs,
+            memory_note=note))
     rows = [dataclasses.replace(r, fits=r.total_bytes <= budget_bytes) for r in rows]
     scored = [r for r in rows if r.fits and r.quality is not None]
     front = {id(scored[i]) for i in pareto.pareto_front(*zip(*(r.point() for r in scored), strict=True))} \
