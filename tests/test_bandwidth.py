@@ -217,15 +217,26 @@ def test_an_uncalibrated_record_has_no_roofline_and_says_why():
 
 def test_the_command_writes_into_the_cache_and_never_into_the_package(tmp_path, monkeypatch, capsys, small_buffers):
     monkeypatch.setenv(bandwidth.CACHE_ENV, str(tmp_path))
-    # 6 passes over 4 MiB buffers spread too widely to be steady; steadiness has its own tests above
+    # 20 passes over 4 MiB buffers spread too widely to be steady; steadiness has its own tests above
     monkeypatch.setattr(bandwidth, "steady_calibration", lambda ceiling, spread: True)
     package = sorted(p for p in (ROOT / "optbench").rglob("*") if "__pycache__" not in p.parts)
-    assert main(["calibrate-bandwidth", "--device", "cpu", "--rounds", "2", "--passes", "3"]) == 0
+    assert main(["calibrate-bandwidth", "--device", "cpu", "--rounds", "2", "--passes", "10"]) == 0
     written = bandwidth.default_path(machine_key(CPU))
     data = json.loads(written.read_text())
-    assert written.parent == tmp_path / "bandwidth" and data["passes"] == 6 and "git_dirty" in data["env"]
+    assert written.parent == tmp_path / "bandwidth" and data["passes"] == 20 and "git_dirty" in data["env"]
     assert f"wrote {written}" in capsys.readouterr().out
     assert sorted(p for p in (ROOT / "optbench").rglob("*") if "__pycache__" not in p.parts) == package
+
+
+def test_too_few_passes_for_a_spread_are_refused_before_measuring(tmp_path, monkeypatch, capsys):
+    """`--rounds 1 --passes 1` wrote a calibration whose "5-95 %" range came from one pass."""
+    monkeypatch.setattr(bandwidth, "calibrate", lambda *args, **kwargs: pytest.fail("measured"))
+    out = tmp_path / "b.json"
+    assert main(["calibrate-bandwidth", "--device", "cpu", "--rounds", "1", "--passes", "1", "--out", str(out)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "optbench: error: --rounds 1 x --passes 1 is 1 timed passes; a calibration needs at least 20 for its 5-95 % "
+        "range to be a spread, not the slowest and fastest pass")
+    assert not out.exists()
 
 
 @pytest.mark.parametrize("out, says", [("folder", "it is a folder"),

@@ -20,6 +20,7 @@ def calibrate_bandwidth_command(args: argparse.Namespace) -> int:
     from optbench.trial.run import device_name, resolve_device
 
     try:
+        bandwidth.check_passes(args.rounds, args.passes)
         device = resolve_device(args.device)
     except ValueError as exc:
         raise UsageError(str(exc)) from None

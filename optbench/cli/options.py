@@ -275,7 +275,8 @@ def _add_bandwidth_parser(commands) -> None:
                                 "and trials find the one for theirs)")
     calibrate.add_argument("--rounds", type=positive_int, default=10,
                            help="rounds, each re-allocating its buffers (default 10)")
-    calibrate.add_argument("--passes", type=positive_int, default=20, help="timed passes per round (default 20)")
+    calibrate.add_argument("--passes", type=positive_int, default=20,
+                           help="timed passes per round (default 20; rounds x passes at least 20)")
     calibrate.add_argument("--keep-unsteady", action="store_true",
                            help="write the file even when the machine changed speed while it was measured (default: "
                                 "refused, exit 2): for a check of whether a machine held its speed, where the "

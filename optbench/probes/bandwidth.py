@@ -49,6 +49,7 @@ TRIAD = "triad"  # the kernel calibrations were measured with before stream.KERN
 CEILING_QUANTILE = 0.95  # the ceiling: passes a neighbour slowed sit below it, the machine's own best near it
 QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
 ROUNDS, PASSES = 10, 20  # 200 timed passes; each round re-allocates and pages in its buffers, then warms the kernel
+MIN_PASSES = 20  # fewer, and the 5 % and 95 % quantiles are the slowest and fastest pass themselves, not a spread
 LEVELS = 6  # working sets calibrated: the probe's own, then halving five times (4x down to 1/8 of a CPU's cache)
 
 
@@ -182,6 +183,15 @@ def measure_level(device: torch.device, operand_bytes: int, rounds: int, passes:
                           quantiles_bytes_per_s={f"{q:g}": float(v) for q, v in zip(QUANTILES, values[1:],
                                                                                     strict=True)},
                           passes=len(rates))
+
+
+def check_passes(rounds: int, passes: int) -> None:
+    """A calibration's spread is its 5-95 % range: it needs MIN_PASSES timed passes in all (rounds x passes) to
+    mean one. Raises BandwidthError before anything is measured."""
+    if rounds * passes < MIN_PASSES:
+        raise BandwidthError(f"--rounds {rounds} x --passes {passes} is {rounds * passes} timed passes; a "
+                             f"calibration needs at least {MIN_PASSES} for its 5-95 % range to be a spread, not the "
+                             "slowest and fastest pass")
 
 
 def calibrate(device: torch.device, machine: str, device_name: str, env: dict[str, Any], rounds: int = ROUNDS,
