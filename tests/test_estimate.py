@@ -162,6 +162,17 @@ def test_bf16_weights_halve_weights_grads_and_torch_state_but_not_8bit_state():
     assert bf16["adafactor"].state_bytes == fp32["adafactor"].state_bytes  # HF Adafactor keeps fp32 statistics
 
 
+def test_bf16_weights_label_torch_state_bf16_as_a_trial_does():
+    """`estimate --precision bf16` labelled adamw's state "fp32" beside its halved bytes; a trial on bf16 weights
+    labels it "bf16" (trial/describe.py). bitsandbytes' 32-bit entries keep fp32 state and keep the label."""
+    size = est.size_from_count(COURSE_PARAMS)
+    fp32 = {e.optimizer: e.precision for e in est.estimate(size)}
+    bf16 = {e.optimizer: e.precision for e in est.estimate(size, precision="bf16")}
+    assert (fp32["adamw"], bf16["adamw"], bf16["muon"]) == ("fp32", "bf16", "bf16-orthogonalised")
+    assert bf16["paged_adamw_32bit"] == fp32["paged_adamw_32bit"] == "fp32"
+    assert bf16["adamw8bit"] == fp32["adamw8bit"] and bf16["adafactor"] == fp32["adafactor"]
+
+
 # -- the peak predictor in the estimate -------------------------------------------------------------------
 BAND = ErrorBand(device_kind="cpu", trials=16, median_abs_error=0.05, worst_abs_error=0.12, worst_under=0.08,
                  share_under=0.4, table="results/cpu-2core/predictor/held-out.md")

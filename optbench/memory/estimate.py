@@ -34,7 +34,7 @@ from optbench.memory.calibration import (
     shipped_calibration_path,
 )
 from optbench.memory.calibration import margin_bytes as margin_for
-from optbench.optimizers import FP32_BYTES, REGISTRY, Shape, UnknownOptimizerError, resolve
+from optbench.optimizers import FP32_BYTES, REGISTRY, Shape, UnknownOptimizerError, resolve, state_precision
 from optbench.optimizers.base import NOMINAL_SHAPE, Param
 from optbench.records.record import GIB, MIB, REFERENCE_OPTIMIZER
 
@@ -249,14 +249,16 @@ def estimate(size: ModelSize, measured: dict[str, float] | None = None, precisio
     params = [Param(shape=tuple(s), itemsize=itemsize) for s in shapes]
     rows = []
     for spec in REGISTRY.values():
-        analytic = spec.count(params, **spec.settings({})).state_bytes
+        count = spec.count(params, **spec.settings({}))
+        analytic = count.state_bytes
         if measured and spec.name in measured:
             basis, state = "measured", round(measured[spec.name] * size.num_params)
         elif size.shapes is not None:
             basis, state = "analytic", analytic
         else:
             basis, state = "nominal", round(analytic / math.prod(NOMINAL_SHAPE) * size.num_params)
-        row = Estimate(optimizer=spec.name, precision=spec.precision, basis=basis, num_params=size.num_params,
+        label = state_precision(spec.precision, itemsize == 2, count.fp32_state_numel)
+        row = Estimate(optimizer=spec.name, precision=label, basis=basis, num_params=size.num_params,
                        state_bytes=state, weights_bytes=itemsize * size.num_params,
                        grads_bytes=itemsize * size.num_params)
         rows.append(_with_prediction(row, size, precision, batch_size, seq_len, device_kind))

@@ -39,10 +39,12 @@ from optbench.optimizers.registry import (
     parse_optimizer_kwargs,
     representatives,
     resolve,
+    state_precision,
 )
 
 __all__ = [
     "DEFAULT_OPTIMIZERS", "FP32_BYTES", "LIST_NOTES", "NOMINAL_SHAPE", "REGISTRY", "AnalyticState", "Count",
     "OptimizerSpec", "Param", "ParamState", "Shape", "StateMap", "UnknownOptimizerError", "available_names",
     "describe_model", "factored_numel", "parse_optimizer_kwargs", "representatives", "resolve",
+    "state_precision",
 ]

@@ -21,6 +21,14 @@ REGISTRY: dict[str, OptimizerSpec] = {
 
 DEFAULT_OPTIMIZERS: tuple[str, ...] = ("adamw", "adafactor", "adamw8bit")
 
+
+def state_precision(label: str, bf16_weights: bool, fp32_state_numel: int) -> str:
+    """An entry's state label over weights of one dtype: torch's optimizers keep their state in the parameters'
+    dtype, so an "fp32" entry over bf16 weights that keeps no full-size fp32 state holds bf16 state."""
+    if bf16_weights and fp32_state_numel == 0 and label.startswith("fp32"):
+        return "bf16" + label.removeprefix("fp32")
+    return label
+
 # Printed under `optbench list`: the one distinction the table cannot show.
 LIST_NOTES = """\
 adamw8bit vs adamw8bit_hf: both are bitsandbytes' blockwise 8-bit AdamW. adamw8bit is the library

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 def describe_model(record: Record, model: torch.nn.Module, entry: OptimizerSpec | None) -> None:
     """Parameter count, weight and gradient bytes, and (with a registry `entry`) what its state *should* hold."""
-    from optbench.optimizers import factored_numel
+    from optbench.optimizers import factored_numel, state_precision
 
     params = [p for p in model.parameters() if p.requires_grad]
     record.num_params = sum(p.numel() for p in params)
@@ -37,14 +37,11 @@ def describe_model(record: Record, model: torch.nn.Module, entry: OptimizerSpec 
     if entry is None or not record.num_params:
         return
     facts = entry.analytic_for(model, **record.optimizer_kwargs)  # kwargs such as rank change the count
-    record.state_precision = record.state_precision or entry.precision
+    record.state_precision = state_precision(record.state_precision or entry.precision,
+                                             str(params[0].dtype) == "torch.bfloat16", facts.fp32_state_numel)
     record.analytic_state_bytes = facts.state_bytes
     record.analytic_state_bytes_per_param = facts.state_bytes / record.num_params
     record.fp32_state_fraction = facts.fp32_state_numel / record.num_params
-    if str(params[0].dtype) == "torch.bfloat16" and facts.fp32_state_numel == 0 and \
-            record.state_precision.startswith("fp32"):
-        # torch's optimizers keep their state in the parameters' dtype: "fp32" entries hold bf16 state here
-        record.state_precision = "bf16" + record.state_precision.removeprefix("fp32")
     record.optimizer_step_traffic_bytes = facts.step_traffic_bytes
 
 
