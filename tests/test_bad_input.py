@@ -109,6 +109,10 @@ CASES = [
     (["explain", "nosuch"], "unknown optimizer 'nosuch'; known: adamw"),
     (["explain", "adamw", "--workload", "nosuch"], "unknown workload 'nosuch'; known: minilm"),
     (["explain", "adamw", "--model", "not-a-model"], "cannot read the config of model 'not-a-model'"),
+    # --workload custom without --model: it trained (or explained) the default model under another name
+    (RUN + ["--workload", "custom"], "--workload custom needs --model (a local folder or a cached hub id)"),
+    (FIT + ["--workload", "custom"], "--workload custom needs --model"),
+    (["explain", "adamw", "--workload", "custom"], "--workload custom needs --model"),
     # list takes nothing
     (["list", "--all"], "unrecognized arguments: --all"),
     # calibrate-bandwidth: a device that does not exist, no passes

@@ -46,7 +46,8 @@ WORKLOADS: dict[str, Workload] = {
                              description="pretrained all-MiniLM-L6-v2 BERT, 3-class review sentiment (default)"),
     "tiny": Classification("tiny", pretrained=False, options={"hidden_size": "hidden width (default 64)"},
                            description="2-layer random-init BERT (tests, the scaling sweep)"),
-    "custom": Classification("custom", pretrained=True, description="--model as a sequence classifier"),
+    "custom": Classification("custom", pretrained=True, description="--model as a sequence classifier",
+                             needs_model=True),
     "lm": CausalLM(),
 }
 

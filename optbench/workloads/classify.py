@@ -104,9 +104,11 @@ class Classification(Workload):
     target_metric = "accuracy"
     target_mode = "max"
 
-    def __init__(self, name: str, pretrained: bool, description: str, options: dict[str, str] | None = None) -> None:
+    def __init__(self, name: str, pretrained: bool, description: str, options: dict[str, str] | None = None,
+                 needs_model: bool = False) -> None:
         self.name, self.pretrained, self.description = name, pretrained, description
         self.options = options or {}
+        self.needs_model = needs_model  # "custom": a job of it without --model would silently train the default's
 
     def is_pretrained(self, spec: TrialSpec) -> bool:
         return self.pretrained or spec.model is not None
@@ -115,12 +117,19 @@ class Classification(Workload):
         """The model folder or hub id to load; None builds the tiny BERT from a config."""
         if spec.model:
             return spec.model
+        self._check_model_given()
         return minilm_path() if self.pretrained else None
 
     def model_name(self, spec: TrialSpec) -> str:
         if spec.model:
             return spec.model
+        self._check_model_given()
         return "all-MiniLM-L6-v2" if self.pretrained else f"tiny-bert-h{tiny_width(spec)}"
+
+    def _check_model_given(self) -> None:
+        if self.needs_model:
+            raise WorkloadError(f"--workload {self.name} needs --model (a local folder or a cached hub id); the "
+                                "default model trains under --workload minilm")
 
     def held_out_rows(self, spec: TrialSpec) -> int | None:
         return len(_labelled_splits(spec)[1])
