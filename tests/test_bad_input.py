@@ -1,6 +1,7 @@
 """Bad input across the commands: exit 2, exactly one line on stderr saying what to do, no traceback,
 and no results file started. Runs `main()` in this process (fd-level capture, so library prints count)."""
 
+import json
 import shutil
 
 import pytest
@@ -20,6 +21,12 @@ def files(tmp_path, monkeypatch):
     (tmp_path / "not-a-model").mkdir()
     (tmp_path / "empty-folder").mkdir()
     (tmp_path / "not-a-model" / "notes.txt").write_text("weights live elsewhere")
+    bert = {"model_type": "bert", "vocab_size": 100, "num_hidden_layers": 1, "intermediate_size": 16,
+            "num_attention_heads": 2}
+    for name, hidden in {"no-weights": 8, "unbuildable": 7}.items():  # 7: not a multiple of the heads
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps({**bert, "hidden_size": hidden}))
+    (tmp_path / "unbuildable" / "model.safetensors").write_text("")
     return tmp_path
 
 
@@ -111,6 +118,9 @@ CASES = [
     (["explain", "adamw", "--model", "not-a-model"], "cannot read the config of model 'not-a-model'"),
     # --workload custom without --model: it trained (or explained) the default model under another name
     (RUN + ["--workload", "custom"], "--workload custom needs --model (a local folder or a cached hub id)"),
+    # a user's model folder that has no weights, or a config transformers cannot build: every trial ended `error`
+    (RUN + ["--workload", "custom", "--model", "no-weights"], "model folder no-weights has no weights (model."),
+    (RUN + ["--workload", "custom", "--model", "unbuildable"], "cannot build model 'unbuildable' from its config"),
     (FIT + ["--workload", "custom"], "--workload custom needs --model"),
     (["explain", "adamw", "--workload", "custom"], "--workload custom needs --model"),
     # list takes nothing

@@ -255,6 +255,17 @@ def check_model(source: str) -> Any:
     return model_config(source)
 
 
+def check_weights(source: str) -> None:
+    """A local folder a pretrained job loads must hold its weights: without them the sweep started and every trial
+    ended `error` (transformers' "no file named model.safetensors")."""
+    from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
+
+    names = (SAFE_WEIGHTS_NAME, WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_INDEX_NAME)
+    if Path(source).is_dir() and not any((Path(source) / name).is_file() for name in names):
+        raise WorkloadError(f"model folder {source} has no weights ({', '.join(names)}): a pretrained --model "
+                            f"loads them; {OFFLINE_MODEL_HINT}")
+
+
 def check_positions(spec: TrialSpec, config: Any, name: str) -> None:
     """A sequence longer than the model's position table fails only inside the trial (an index past the
     embeddings), after the whole batch of `--seq-len` tokens was padded and tokenized, which at a size like 100000

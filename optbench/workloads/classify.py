@@ -22,6 +22,7 @@ from optbench.workloads.base import (
     check_batch_fits,
     check_model,
     check_positions,
+    check_weights,
     length_sorted_batches,
     load_tokenizer,
     minilm_path,
@@ -145,6 +146,9 @@ class Classification(Workload):
         source = self.model_source(spec)
         config = tiny_bert_config(tiny_width(spec)) if source is None else check_model(source)
         check_positions(spec, config, self.model_name(spec))
+        if spec.model:  # a user's model: one that cannot load or build would end every trial `error`
+            check_weights(spec.model)
+            self.meta_model(spec)
 
     def build(self, spec: TrialSpec) -> Built:
         """Model (its head seeded by the trial's seed) and the tokenized splits for the spec's stage."""
