@@ -407,6 +407,36 @@ def roofline_agreement(relative: str = "roofline.jsonl", agreeing_only: bool = F
             f"{100 * ROOFLINE_AGREEMENT:.0f} % they must agree to){'; ABOVE 100 %' if max(values) > 100 else ''}")
 
 
+ROOFLINE_SETS = ("triad/roofline.jsonl", "roofline-thp/off.jsonl", "roofline-thp/on.jsonl", "roofline.jsonl",
+                 "roofline-confirm/roofline.jsonl", "roofline-bracketed/roofline.jsonl",
+                 "roofline-bracketed-2/roofline.jsonl")
+
+
+def step_stray(records: list[Record], time_quantile: float) -> float:
+    """How far the trials' optimizer-step bandwidth at one quantile of their own step times (0.05: their fastest
+    steps) strays from the trials' median, as a fraction (their rooflines' stray: a set divides by one ceiling)."""
+    import numpy as np
+
+    rates = [r.optimizer_step_traffic_bytes / float(np.quantile(r.optimizer_step_samples_s, time_quantile))
+             for r in records]
+    middle = statistics.median(rates)
+    return max(abs(rate / middle - 1) for rate in rates)
+
+
+def roofline_fastest_steps() -> str:
+    """Whether the rooflines' spread over trials is slow stretches inside each trial (a trial's fastest steps would
+    then agree where its median does not) or a speed each process keeps: per committed set, the stray of the
+    trials' median step against that of their fastest 5 % of steps."""
+    said = []
+    for relative in ROOFLINE_SETS:
+        ok = [r for r in read_records(RESULTS / relative) if r.status == "ok" and r.optimizer_step_samples_s]
+        if not ok:
+            raise NotMeasured(f"step samples in {relative}")
+        said.append(f"{relative.removesuffix('/roofline.jsonl').removesuffix('.jsonl')} "
+                    f"±{100 * step_stray(ok, 0.5):.1f} → ±{100 * step_stray(ok, 0.05):.1f} %")
+    return (f"the trials' stray from their median, step median → fastest 5 % of steps: {'; '.join(said)}")
+
+
 def rooflines_read() -> str:
     """Every committed record read through its schema: how many carry a roofline (the stream kernel's) and the
     largest, and how many from before it carry a ratio over a triad instead (records/upgrade.py, schema 4)."""
@@ -724,6 +754,7 @@ VALUES: dict[str, Callable[[], str]] = {
     "roofline.bracketed-2": lambda: roofline_bracketed("roofline-bracketed-2"),
     "roofline.kernel-width": kernel_width,
     "roofline.step-drift": step_drift,
+    "roofline.fastest-steps": roofline_fastest_steps,
     "roofline.thp-off": lambda: roofline_agreement("roofline-thp/off.jsonl"),
     "roofline.thp-on": lambda: roofline_agreement("roofline-thp/on.jsonl"),
     "new-entries.summary": new_entries,

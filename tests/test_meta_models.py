@@ -28,9 +28,10 @@ def _trained(spec):
 
 @pytest.mark.parametrize("workload", list(WORKLOADS))  # a workload added without its meta model fails here
 def test_predict_and_explain_build_the_model_a_trial_trains(workload):
-    spec = TrialSpec(optimizer="adamw", workload=workload, seq_len=16, eval_size=16)
+    model = str(minilm_path()) if get_workload(workload).needs_model else None  # "custom": a --model of its own
+    spec = TrialSpec(optimizer="adamw", workload=workload, model=model, seq_len=16, eval_size=16)
     trained, trained_facts = _trained(spec)
-    explained = explain_model(workload)
+    explained = explain_model(workload, model)
     assert {p.device.type for p in explained.parameters()} == {"meta"}  # no memory, no weights read
     assert _layout(explained) == _layout(trained)
     predicted = predict.facts_for_spec(spec)

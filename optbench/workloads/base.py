@@ -65,6 +65,7 @@ class Workload:
     target_range: tuple[float, float] = (0.0, 1.0)
     description: str = ""
     options: dict[str, str] = {}  # the parameters `TrialSpec.workload_options` may set, with what each means
+    needs_model: bool = False  # a job of it must name a --model (it has no model of its own)
 
     def model_name(self, spec: TrialSpec) -> str:
         """The model's name in records, known before building (a trial that fails early still groups
