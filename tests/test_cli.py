@@ -209,3 +209,18 @@ def test_list_options_drop_repeats_and_keep_order():
     from optbench.cli.argtypes import float_list, int_list
 
     assert int_list("3,1,3,") == [3, 1] and float_list("1e-3,0.001,2e-3") == [1e-3, 2e-3]
+
+
+def test_a_warning_of_optbench_is_one_line_said_once_however_many_tables_read_it(tmp_path, capfd):
+    """The report draws its tables from the records more than once; a warning raised while reading them (here: one
+    job's adamw at two lrs) printed as a UserWarning with its source line, three times."""
+    from optbench.records.record import Record, append_record
+
+    out = tmp_path / "mixed.jsonl"
+    for seed, lr in ((0, 1e-3), (0, 1e-2), (1, 1e-2)):
+        append_record(out, Record(trial_id=f"t{seed}-{lr}", optimizer="adamw", seed=seed, lr=lr, status="ok",
+                                  workload="tiny", model="m", dataset="d", device="cpu", steps=4, eval_accuracy=0.9,
+                                  eval_metrics={"accuracy": 0.9}, state_bytes=1, peak_memory_bytes=1))
+    assert main(["report", str(out), "--out-dir", str(tmp_path / "report")]) == 0
+    warned = [line for line in capfd.readouterr().err.splitlines() if "ran at lr" in line]
+    assert len(warned) == 1 and warned[0].startswith("optbench: warning: adamw ran at lr 0.001 and at lr 0.01"), warned

@@ -54,6 +54,21 @@ def test_the_tune_record_at_the_chosen_lr_is_that_seeds_final():
     assert summary.loc["adamw", "tune_band_basis"] == "binomial error of 400 validation rows"
 
 
+def test_plain_runs_at_two_lrs_of_one_job_are_not_pooled_as_seeds():
+    """`run --lr 1e-3` then `run --lr 1e-2 --seeds 0,1` into one file: the table read "ok 3/3", the three trials
+    of two lrs averaged with a ± as if they were seeds of one result. Now the latest setting's, and a warning."""
+    records = [_trial("adamw", 0, acc=0.5, lr=1e-3), _trial("adamw", 0, acc=0.8, lr=1e-2),
+               _trial("adamw", 1, acc=0.82, lr=1e-2), _trial("sgd", 0, acc=0.6, lr=1e-2)]
+    with pytest.warns(UserWarning, match=r"adamw ran at lr 0.001 and at lr 0.01 in one job .* the tables show its "
+                                         r"latest setting, lr 0.01; the other 1 trial\(s\) are left out"):
+        summary = summarize(trials_frame(records)).set_index("optimizer")
+    assert summary.loc["adamw", "of_trials"] == 2 and summary.loc["adamw", "eval_target"] == pytest.approx(0.81)
+    kwargs = [_trial("sgd", 0, acc=0.6), dataclasses.replace(_trial("sgd", 0, acc=0.7), trial_id="sgd-m",
+                                                             optimizer_kwargs={"momentum": 0.9})]
+    with pytest.warns(UserWarning, match=r'sgd ran at lr 0.001 and at lr 0.001 \{"momentum": 0.9\}'):
+        assert summarize(trials_frame(kwargs)).set_index("optimizer").loc["sgd", "eval_target"] == 0.7
+
+
 def test_before_the_finals_ran_the_chosen_lr_alone_is_the_final():
     frame = trials_frame([r for r in _study() if r.stage == "tune"])
     assert sorted(frame.loc[frame["final"], "lr"]) == [1e-3, 1e-2]

@@ -13,7 +13,9 @@ import os
 import select
 import signal
 import sys
-from typing import NoReturn
+import warnings
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 from optbench.cli import bandwidth, listing, nightly, report, run, sizing, study
 from optbench.cli.options import UsageError, build_parser
@@ -57,6 +59,8 @@ def _install_signal_handlers() -> dict[int, object]:
 def main(argv: list[str] | None = None) -> int:
     filter_known_noise()  # the user's first lines are the answer, not a library's import-time notices
     previous = _install_signal_handlers()
+    shown_before = warnings.showwarning
+    warnings.showwarning = _say_warning(shown_before)
     try:
         args = build_parser().parse_args(argv)
         return COMMANDS[args.command](args)
@@ -85,8 +89,26 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return exits.WRITE_FAILED
     finally:
+        warnings.showwarning = shown_before
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+def _say_warning(shown_before: Callable[..., None]) -> Callable[..., None]:
+    """A warning optbench raises reads `optbench: warning: ...` on stderr, once however many times the tables are
+    drawn in one command (not a UserWarning with a source line); a library's goes on as it would."""
+    package, said = os.path.dirname(os.path.dirname(os.path.abspath(__file__))), set()
+
+    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int, file: Any = None,
+             line: str | None = None) -> None:
+        if not os.path.abspath(filename).startswith(package + os.sep):
+            return shown_before(message, category, filename, lineno, file, line)
+        if str(message) not in said:
+            said.add(str(message))
+            print(f"optbench: warning: {message}", file=sys.stderr)
+        return None
+
+    return show
 
 
 def _stdout_closed() -> bool:

@@ -9,13 +9,16 @@ seeds); the final stage adds the other seeds at the chosen lr (`stage="final"`).
 tune records alone (`stats.choice_from_records`); an optimizer's finals are every record at the lr its finals
 ran at (the chosen one, before they ran) that has eval metrics, tune or final. Schema-1 study files tuned on
 fewer steps and carried only validation metrics: their tune records join the finals' job by the key without
-steps, warm-up and eval size. Records of a plain `run` (stage None) are finals of their job.
+steps, warm-up and eval size. Records of a plain `run` (stage None) are finals of their job. Per job and
+optimizer the finals are those at its latest setting (lr and kwargs): other settings' trials are left out, said in a
+warning, never pooled with them as seeds.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import warnings
 from collections.abc import Iterable
 from typing import Any
 
@@ -153,7 +156,40 @@ def _mark_finals(frame: pd.DataFrame, choices: dict[tuple[str, str], stats.LrCho
                   choice.band_basis, choice.tune_seeds, tuning.range_note(choice, sources))
         for column, value in zip(TUNING, values, strict=True):
             frame.loc[rows, column] = value
-    frame["final"] = final
+    frame["final"] = final & _at_latest_setting(frame, final)
+
+
+def _setting(row: pd.Series) -> str:
+    """An optimizer's setting in a trial: its lr and its kwargs (what `--lr` and `--optimizer-kwargs` change)."""
+    lr = row.get("lr")
+    return json.dumps([None if lr is None or lr != lr else float(lr), row.get("optimizer_kwargs") or {}],
+                      sort_keys=True, default=str)
+
+
+def _at_latest_setting(frame: pd.DataFrame, final: pd.Series) -> pd.Series:
+    """Per job and optimizer, the finals at its latest setting only: a file holding `run --lr 1e-3` and then
+    `run --lr 1e-2` of one job would otherwise pool both lrs' trials as if they were seeds of one result. The
+    finals left out are said in a warning (the file keeps them; another --out keeps each setting's own table)."""
+    keep = pd.Series(True, index=frame.index)
+    if frame.empty:
+        return keep
+    settings = frame.apply(_setting, axis=1)
+    for (_, optimizer), rows in frame[final].groupby(["job_id", "optimizer"], sort=False):
+        seen = settings[rows.index]
+        if seen.nunique() > 1:
+            latest, job = seen.iloc[-1], rows["job"].iloc[0]
+            keep[seen.index[seen != latest]] = False
+            others = ", ".join(_said(text) for text in dict.fromkeys(seen[seen != latest]))
+            warnings.warn(f"{optimizer} ran at {others} and at {_said(latest)} in one job ({job}): the tables show "
+                          f"its latest setting, {_said(latest)}; the other {int((seen != latest).sum())} trial(s) "
+                          "are left out, not pooled as its seeds", stacklevel=2)
+    return keep
+
+
+def _said(setting: str) -> str:
+    lr, kwargs = json.loads(setting)
+    return f"lr {lr:g}" + (f" {json.dumps(kwargs, sort_keys=True)}" if kwargs else "") if lr is not None else \
+        (json.dumps(kwargs, sort_keys=True) if kwargs else "no lr")
 
 
 def fixed_targets(frame: pd.DataFrame) -> dict[str, bool]:
