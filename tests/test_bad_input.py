@@ -118,6 +118,9 @@ CASES = [
     (["explain", "adamw", "--model", "not-a-model"], "cannot read the config of model 'not-a-model'"),
     # --workload custom without --model: it trained (or explained) the default model under another name
     (RUN + ["--workload", "custom"], "--workload custom needs --model (a local folder or a cached hub id)"),
+    # --out naming a file that is not a results file: the resume read ended run and study in a traceback
+    (RUN + ["--out", "malformed.jsonl"], "--out malformed.jsonl is not a results file (line 1: not a JSON line"),
+    (STUDY + ["--out", "empty.csv"], "--out empty.csv is not a results file (line 1: not a JSON line"),
     # a user's model folder that has no weights, or a config transformers cannot build: every trial ended `error`
     (RUN + ["--workload", "custom", "--model", "no-weights"], "model folder no-weights has no weights (model."),
     (RUN + ["--workload", "custom", "--model", "unbuildable"], "cannot build model 'unbuildable' from its config"),

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from optbench.cli.options import UsageError, load_records
-from optbench.cli.sweeping import check_inputs, executor, exit_status, finish, job_flags, show
+from optbench.cli.sweeping import check_inputs, check_out, executor, exit_status, finish, job_flags, show
 
 
 def study_command(args: argparse.Namespace) -> int:
@@ -19,10 +19,9 @@ def study_command(args: argparse.Namespace) -> int:
 
     out = args.out or Path("results") / f"study-{args.preset}.jsonl"
     plan = planner.plan_study(job_flags(args, out), args.preset, args.optimizers)
-    if out.exists() and not out.is_file():
-        raise UsageError(f"--out {out} is not a file")
     specs = [TrialSpec(optimizer=name, **plan.settings) for name in plan.names] or [s for s, _ in plan.unavailable]
     check_inputs(specs[0], local=args.executor == "local", eval_size_given=args.eval_size is not None)
+    check_out(out)
     run_sweep([], out, on_record=show, progress=None, skipped=plan.unavailable)
     if not plan.names:
         raise UsageError("none of --optimizers can run here (see the skipped records)")

@@ -8,6 +8,7 @@ import argparse
 import dataclasses
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,17 +27,12 @@ def job_flags(args: argparse.Namespace, out: Path) -> dict:
 
 def sweep(args: argparse.Namespace, plan, out: Path) -> list[Record]:
     """Check the inputs and the results file, record what cannot run here, run the rest; returns the new records."""
-    from optbench.records.record import check_writable
     from optbench.sweep import run_sweep
     from optbench.sweep.devices import DeviceError
 
     specs = plan.specs or [spec for spec, _ in plan.unavailable]
     check_inputs(specs[0], local=args.executor == "local", eval_size_given=args.eval_size is not None)
-    try:
-        check_writable(out)
-    except OSError as exc:
-        raise UsageError(f"cannot write results to {out}: {exc.strerror or exc} (pass a writable file with --out)") \
-            from None
+    check_out(out)
     jobs = args.jobs or 1
     chosen = executor(args, plan.specs, out, jobs)  # a misused flag is one line before anything else is said
     plan = with_lrs(plan)
@@ -45,6 +41,28 @@ def sweep(args: argparse.Namespace, plan, out: Path) -> list[Record]:
         return run_sweep(plan.specs, out, on_record=show, jobs=jobs, executor=chosen, skipped=plan.unavailable)
     except DeviceError as exc:  # a cuda:N outside the GPUs this process may use
         raise UsageError(str(exc)) from None
+
+
+def check_out(out: Path) -> None:
+    """The results file a sweep appends to (and resumes from): writable, and where it already holds something, a
+    results file. Text or another tool's JSON there ended `run` and `study` in a traceback from the resume read."""
+    from optbench.records.record import ResultsFileError, check_writable, read_records
+
+    try:
+        check_writable(out)
+    except OSError as exc:
+        raise UsageError(f"cannot write results to {out}: {exc.strerror or exc} (pass a writable file with --out)") \
+            from None
+    if not out.is_file():
+        return
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a torn last line is said when the sweep reads the file
+            read_records(out)
+    except (ResultsFileError, UnicodeDecodeError) as exc:
+        reason = f"line {str(exc).removeprefix(f'{out}:')}" if isinstance(exc, ResultsFileError) else "not UTF-8"
+        raise UsageError(f"--out {out} is not a results file ({reason}); name a new file or one optbench wrote") \
+            from None
 
 
 def check_run(args: argparse.Namespace, out: Path) -> None:
