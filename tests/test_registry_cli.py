@@ -82,6 +82,11 @@ def test_optimizer_kwargs_reach_their_trials_only_and_change_the_trial_id(planne
     (["--optimizer-kwargs", "adamw=3"], "JSON object"),
     (["--optimizer-kwargs", 'nosuch={"a": 1}'], "unknown optimizer 'nosuch'"),
     (["--optimizers", "adamw", "--optimizer-kwargs", 'lion={"betas": [0.9, 0.99]}'], "does not run"),
+    # an lr among the kwargs failed every trial's build ("multiple values for keyword argument 'lr'")
+    (["--optimizer-kwargs", 'adamw={"lr": 0.5}'], 'give the learning rate with --lr, not as "lr"'),
+    # NaN and Infinity, which Python's json reads: NaN ran and the record said null
+    (["--optimizer-kwargs", 'adamw={"weight_decay": NaN}'], "for adamw: NaN: a setting must be a finite number"),
+    (["--optimizer-kwargs", 'adamw={"betas": [0.9, -Infinity]}'], "-Infinity: a setting must be a finite number"),
 ])
 def test_malformed_optimizer_kwargs_are_a_usage_error(args, message, capsys):
     assert cli.main(["run", "--workload", "tiny", "--device", "cpu", *args]) == 2

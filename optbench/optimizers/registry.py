@@ -89,14 +89,29 @@ def parse_optimizer_kwargs(items: Iterable[str]) -> dict[str, dict[str, Any]]:
                              f"got '{item}'")
         spec = resolve(name)
         try:
-            value = json.loads(text)
+            value = json.loads(text, parse_constant=_refuse_constant)
         except json.JSONDecodeError as exc:
             raise ValueError(f"--optimizer-kwargs for {name.strip()}: not valid JSON ({exc.msg} at column "
                              f"{exc.colno}): {text}") from None
+        except _NonFinite as exc:  # NaN ran, and the record said null: not the setting that ran
+            raise ValueError(f"--optimizer-kwargs for {name.strip()}: {exc}: a setting must be a finite number"
+                             ) from None
         if not isinstance(value, dict):
             raise ValueError(f"--optimizer-kwargs for {name.strip()}: expected a JSON object, got {text}")
+        if "lr" in value:  # the trial passes its lr itself: the build failed on a second one, in every trial
+            raise ValueError(f"--optimizer-kwargs for {name.strip()}: give the learning rate with --lr, not as "
+                             "\"lr\" (the lr is the trial's, recorded and tuned apart from the kwargs)")
         parsed.setdefault(spec.name, {}).update({key: _tuples(v) for key, v in value.items()})
     return parsed
+
+
+class _NonFinite(ValueError):
+    pass
+
+
+def _refuse_constant(name: str) -> Any:
+    """json's hook for NaN, Infinity and -Infinity, which Python's json reads though JSON has none of them."""
+    raise _NonFinite(name)
 
 
 def _tuples(value: Any) -> Any:
