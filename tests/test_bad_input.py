@@ -118,6 +118,8 @@ CASES = [
     (["explain", "adamw", "--model", "not-a-model"], "cannot read the config of model 'not-a-model'"),
     # --workload custom without --model: it trained (or explained) the default model under another name
     (RUN + ["--workload", "custom"], "--workload custom needs --model (a local folder or a cached hub id)"),
+    # --resume-check of a one-step job: its resume half was empty and the record said "error: IndexError"
+    (RUN + ["--steps", "1", "--warmup-steps", "0", "--resume-check"], "--resume-check saves at the middle step"),
     # --out naming a file that is not a results file: the resume read ended run and study in a traceback
     (RUN + ["--out", "malformed.jsonl"], "--out malformed.jsonl is not a results file (line 1: not a JSON line"),
     (STUDY + ["--out", "empty.csv"], "--out empty.csv is not a results file (line 1: not a JSON line"),

@@ -105,6 +105,9 @@ def job_settings(flags: Mapping[str, Any], preset: Preset) -> dict[str, Any]:
     warmup = min(preset.warmup_steps, steps // 2) if warmup is None else warmup
     if not 0 <= warmup < steps:
         raise PlanError(f"--warmup-steps must be in [0, steps), got {warmup} with {steps} steps")
+    if flags.get("resume_check") and steps < 2:  # one step has no second half to resume into
+        raise PlanError(f"--resume-check saves at the middle step and trains the rest from the checkpoint: it needs "
+                        f"--steps 2 or more, got {steps}")
     model = flags.get("model")
     settings = dict(
         workload=flags.get("workload") or ("custom" if model else preset.workload), model=model,
