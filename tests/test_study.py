@@ -273,3 +273,25 @@ def test_study_end_to_end_with_run_job_flags(tmp_path, capsys):
     assert {(r.batch_size, r.seq_len, r.schedule) for r in records} == {(4, 16, "cosine")}
     printed = capsys.readouterr().out
     assert "±" in printed and max(map(len, printed.splitlines())) <= 120
+
+
+def test_an_interrupted_study_counts_every_record_it_made_not_the_last_rounds(tmp_path, monkeypatch, capsys):
+    """A study is several sweeps (tune rounds, then finals); Ctrl-C in a later one said "interrupted: 0 trials
+    recorded" though the earlier rounds had recorded theirs (the count was the interrupted sweep's alone)."""
+    from _tiny import TINY_ARGS
+
+    from optbench.cli import study as study_cli
+    from optbench.records.record import append_record
+    from optbench.sweep import SweepInterrupted
+
+    out = tmp_path / "s.jsonl"
+    append_record(out, Record(trial_id="before", optimizer="adamw", status="ok"))  # an earlier command's
+
+    def two_rounds(*args):
+        for n in range(3):
+            append_record(out, Record(trial_id=f"round-1-{n}", optimizer="adamw", status="ok"))
+        raise SweepInterrupted(0)  # the second round's sweep had recorded nothing yet
+
+    monkeypatch.setattr(study_cli, "_run", two_rounds)
+    assert main(["study", *TINY_ARGS, "--out", str(out)]) == 130
+    assert "interrupted: 3 trials recorded" in capsys.readouterr().err
