@@ -113,13 +113,24 @@ def test_unknown_format_is_refused(records, tmp_path):
 def test_a_sweep_over_model_sizes_gets_the_scaling_fit(tmp_path):
     sweep = []
     for width, params in [(32, 1_000_000), (64, 2_000_000), (128, 4_000_000)]:
-        job = {**JOB, "model": f"tiny-bert-h{width}", "workload": f"tiny-w{width}"}
+        job = {**JOB, "model": f"tiny-bert-h{width}", "workload": "tiny", "workload_options": {"hidden_size": width}}
         sweep.append(Record(trial_id=f"s{width}", optimizer="adamw", status="ok", state_precision="fp32",
                             num_params=params, state_bytes=8 * params + 400, step_time_median_s=0.01,
                             **job))
     markdown, paths = write_report(sweep, tmp_path)
     assert "State bytes vs parameters: fits" in markdown and "8.0000" in markdown
     assert tmp_path / "scaling.png" in paths and (tmp_path / "scaling.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_unrelated_jobs_at_two_parameter_counts_are_no_scaling_sweep(tmp_path):
+    """Two jobs on datasets of 2 and 3 classes (heads of two sizes) read as a scaling sweep: its fit table printed
+    "nan" slopes and exponents, and scaling.png was drawn."""
+    jobs = [Record(trial_id=f"d{labels}", optimizer="adamw", status="ok", state_precision="fp32",
+                   num_params=1_000_000 + labels, state_bytes=8 * (1_000_000 + labels), step_time_median_s=0.01,
+                   **{**JOB, "dataset": f"{labels}-classes.csv"}) for labels in (2, 3)]
+    markdown, paths = write_report(jobs, tmp_path)
+    assert "State bytes vs parameters" not in markdown and "nan" not in markdown
+    assert tmp_path / "scaling.png" not in paths
 
 
 def test_fidelity_trials_are_a_job_of_their_own(records):

@@ -63,7 +63,8 @@ def job_id(key: dict[str, Any]) -> str:
     return json.dumps(key, sort_keys=True, default=str)
 
 
-def _without(key: dict[str, Any], fields: Iterable[str]) -> str:
+def job_id_without(key: dict[str, Any], fields: Iterable[str]) -> str:
+    """The job id of `key` without `fields`: jobs that differ only in those share it."""
     return job_id({name: value for name, value in key.items() if name not in fields})
 
 
@@ -106,9 +107,9 @@ def _link_schema1_tune_records(frame: pd.DataFrame) -> None:
     """Tune records whose key matches no final's: moved to the final job that matches without LOOSE_FIELDS."""
     tune = frame["stage"] == "tune"
     finals = dict(zip(frame.loc[~tune, "job_id"], frame.loc[~tune, "job_key"], strict=True))
-    loose = {_without(key, LOOSE_FIELDS): (ident, key) for ident, key in finals.items()}
+    loose = {job_id_without(key, LOOSE_FIELDS): (ident, key) for ident, key in finals.items()}
     for index in frame.index[tune & ~frame["job_id"].isin(list(finals))]:
-        match = loose.get(_without(frame.at[index, "job_key"], LOOSE_FIELDS))
+        match = loose.get(job_id_without(frame.at[index, "job_key"], LOOSE_FIELDS))
         if match is not None:
             frame.at[index, "job_id"], frame.at[index, "job_key"] = match
 
@@ -266,7 +267,7 @@ def _summary_row(group: pd.DataFrame, of_trials: int) -> dict[str, Any]:
            "job_target": first["job_target"], "job_target_fixed": first["job_target_fixed"], "lr": first["lr"],
            "steps": key.get("steps"),
            "warmup_steps": key.get("warmup_steps"), "schedule": key.get("schedule"),
-           "side_id": _without(key, SIDE_BY_SIDE_FIELDS), **{name: first[name] for name in TUNING}}
+           "side_id": job_id_without(key, SIDE_BY_SIDE_FIELDS), **{name: first[name] for name in TUNING}}
     if status == "ok":
         for metric in metrics.METRICS:
             row.update(aggregate(metric, group[metric.column]))

@@ -40,6 +40,7 @@ from optbench.report.frame import (
     MEM_SAVED,
     SPEED,
     TARGET_SHARE,
+    job_id_without,
     job_label,
     summarize,
     time_to_target_by_job,
@@ -305,10 +306,17 @@ def render_terminal(summary: pd.DataFrame | Iterable[Record], margin: float | No
 # --- the files ----------------------------------------------------------------------------------------
 
 
+SIZE_FIELDS = ("model", "workload_options")  # what the jobs of a scaling sweep (`run --scale`) differ in
+
+
 def _spans_model_sizes(trials: pd.DataFrame) -> bool:
-    """True for a scaling sweep: some optimizer has ok trials at two or more parameter counts."""
+    """True for a scaling sweep: jobs that differ in the model's size alone, with some optimizer's ok trials at two
+    or more parameter counts. Files of unrelated jobs (another dataset's head, bf16 weights) are no sweep: a fit
+    across them printed NaN slopes and exponents."""
     ok = trials[trials["status"] == "ok"] if not trials.empty else trials
-    return bool(len(ok)) and bool((ok.groupby("optimizer")["num_params"].nunique() >= 2).any())
+    if not len(ok) or len({job_id_without(key, SIZE_FIELDS) for key in ok["job_key"]}) > 1:
+        return False
+    return bool((ok.groupby("optimizer")["num_params"].nunique() >= 2).any())
 
 
 def write_report(records: list[Record], out_dir: Path, fmt: str = "md", figures: bool = True,
