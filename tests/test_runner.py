@@ -93,6 +93,23 @@ def test_progress_is_one_plain_line_per_trial_with_eta(tmp_path):
     assert lines[1].startswith("optbench: [2/2] adafactor") and lines[1].endswith("done")
 
 
+def test_a_score_at_chance_reads_untrained_in_the_running_lines_as_in_the_table():
+    """The running lines printed "accuracy 0.125" for a trial the table after them called untrained."""
+    from optbench.cli.sweeping import summary_line
+    from optbench.sweep.progress import Progress
+
+    def trial(accuracy):
+        return Record(trial_id="t", optimizer="sgd", seed=0, status="ok", wall_s=1.0, eval_metrics={
+            "accuracy": accuracy}, target_metric="accuracy", target_mode="max", metric_chance=0.47, state_bytes=0)
+
+    lines = []
+    Progress(2, lines.append)(trial(0.48))
+    Progress(2, lines.append)(trial(0.80))
+    assert "(eval untrained)" in lines[0] and "(eval 0.8)" in lines[1]
+    assert "accuracy untrained [1 s]" in summary_line(trial(0.48))
+    assert "accuracy 0.8 [1 s]" in summary_line(trial(0.80))
+
+
 @pytest.mark.parametrize("startup", ["forkserver", "spawn"])
 def test_start_up_is_measured_per_trial(startup):
     record = LocalExecutor(startup=startup, echo=False).run(TrialSpec(optimizer="adamw", **TINY), {})

@@ -180,6 +180,8 @@ def show(record: Record) -> None:
 
 def summary_line(record: Record) -> str:
     """One line per finished trial, while the sweep runs."""
+    from optbench.report.bounds import score_text
+
     head = f"{record.optimizer:<12} seed={record.seed} {record.status:<8}"
     if record.status != "ok":
         return f"{head} {record.error or ''}"
@@ -187,7 +189,8 @@ def summary_line(record: Record) -> str:
               else f"train mem {_mib(record.peak_rss_growth_bytes)}")
     metrics = record.val_metrics if not record.eval_metrics else record.eval_metrics
     value = metrics.get(record.target_metric)
-    score = f"{record.target_metric} {value:.4g}" if value is not None else f"no {record.target_metric}"
+    score = (f"{record.target_metric} {score_text(value, record.metric_chance, record.target_mode)}"
+             if value is not None else f"no {record.target_metric}")
     # a one-step job has no timed step: its only step is the warm-up, which timing leaves out
     step = (f"step {record.step_time_median_s * 1e3:,.0f} ms" if record.step_time_median_s is not None
             else "no timed step")

@@ -43,6 +43,13 @@ def untrained(value: float | None, chance: float | None, mode: str) -> bool:
     return value >= chance  # type: ignore[operator]
 
 
+def score_text(value: float, chance: float | None, mode: str) -> str:
+    """One trial's score as a running line shows it: the number, or `untrained` where it sits at chance (the table
+    that follows says `untrained` for it, and a number there would be a quality figure from a job that did not
+    train)."""
+    return "untrained" if untrained(value, chance, mode) else f"{value:.4g}"
+
+
 @dataclass(frozen=True)
 class Arm:
     """One optimizer's finals in a comparison: per seed, the final target metric and its eval curve."""

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 
 from optbench.records.record import Record
+from optbench.report.bounds import score_text
 
 ALREADY_OK = "already recorded ok in this results file"  # the note a resumed sweep shows for a trial it skips
 
@@ -23,7 +24,8 @@ def _duration(seconds: float) -> str:
 def _scores(record: Record) -> str:
     """The validation and eval values of the workload's target metric, where the trial has them."""
     values = (("val", record.val_metric), ("eval", (record.eval_metrics or {}).get(record.target_metric)))
-    scores = ", ".join(f"{split} {value:.4g}" for split, value in values if isinstance(value, float))
+    scores = ", ".join(f"{split} {score_text(value, record.metric_chance, record.target_mode)}"
+                       for split, value in values if isinstance(value, float))
     return f" ({scores})" if scores else ""
 
 
