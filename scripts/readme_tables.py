@@ -377,6 +377,12 @@ def new_entries() -> str:
             f"{said}" + (f" ({odd})" if odd else ""))
 
 
+def stray_from_median(values: list[float]) -> float:
+    """How far the farthest value lies from their median, as a fraction of it: the ±x % a set of trials agrees to."""
+    middle = statistics.median(values)
+    return max(abs(value / middle - 1) for value in values)
+
+
 def roofline_agreement(relative: str = "roofline.jsonl", agreeing_only: bool = False) -> str:
     """The roofline of one kernel (adamw_fused) over several trials against the calibrated ceiling: its range, how
     far the trials stray from their median, and whether any exceeds 100 % (of `relative` under results/cpu-2core;
@@ -393,8 +399,7 @@ def roofline_agreement(relative: str = "roofline.jsonl", agreeing_only: bool = F
     values = [value for _, value in shown if value is not None]
     if not ok:
         return f"no trial in {relative} against a steady calibration"
-    middle = statistics.median(values)
-    stray = max(abs(v / middle - 1) for v in values)
+    stray = stray_from_median(values)
     steps_ms = [1e3 * r.optimizer_step_median_s for r in ok]
     levels = sorted({r.device_bandwidth_working_set_bytes for r in ok if r.device_bandwidth_working_set_bytes})
     kernel = ok[0].device_bandwidth_kernel or "triad"  # records before the field were divided by a triad's
@@ -417,10 +422,8 @@ def step_stray(records: list[Record], time_quantile: float) -> float:
     steps) strays from the trials' median, as a fraction (their rooflines' stray: a set divides by one ceiling)."""
     import numpy as np
 
-    rates = [r.optimizer_step_traffic_bytes / float(np.quantile(r.optimizer_step_samples_s, time_quantile))
-             for r in records]
-    middle = statistics.median(rates)
-    return max(abs(rate / middle - 1) for rate in rates)
+    return stray_from_median([r.optimizer_step_traffic_bytes / float(np.quantile(r.optimizer_step_samples_s,
+                                                                                   time_quantile)) for r in records])
 
 
 def roofline_fastest_steps() -> str:

@@ -172,25 +172,24 @@ def _at_latest_setting(frame: pd.DataFrame, final: pd.Series) -> pd.Series:
     `run --lr 1e-2` of one job would otherwise pool both lrs' trials as if they were seeds of one result. The
     finals left out are said in a warning (the file keeps them; another --out keeps each setting's own table)."""
     keep = pd.Series(True, index=frame.index)
-    if frame.empty:
-        return keep
-    settings = frame.apply(_setting, axis=1)
     for (_, optimizer), rows in frame[final].groupby(["job_id", "optimizer"], sort=False):
-        seen = settings[rows.index]
+        seen = rows.apply(_setting, axis=1)  # of the finals only: the tune grid's lrs differ by design
         if seen.nunique() > 1:
             latest, job = seen.iloc[-1], rows["job"].iloc[0]
-            keep[seen.index[seen != latest]] = False
-            others = ", ".join(_said(text) for text in dict.fromkeys(seen[seen != latest]))
+            left_out = seen[seen != latest]
+            keep[left_out.index] = False
+            others = ", ".join(_said(text) for text in dict.fromkeys(left_out))
             warnings.warn(f"{optimizer} ran at {others} and at {_said(latest)} in one job ({job}): the tables show "
-                          f"its latest setting, {_said(latest)}; the other {int((seen != latest).sum())} trial(s) "
-                          "are left out, not pooled as its seeds", stacklevel=2)
+                          f"its latest setting, {_said(latest)}; the other {len(left_out)} trial(s) are left out, "
+                          "not pooled as its seeds", stacklevel=2)
     return keep
 
 
 def _said(setting: str) -> str:
+    """A setting in words: `lr 0.001 {"momentum": 0.9}`."""
     lr, kwargs = json.loads(setting)
-    return f"lr {lr:g}" + (f" {json.dumps(kwargs, sort_keys=True)}" if kwargs else "") if lr is not None else \
-        (json.dumps(kwargs, sort_keys=True) if kwargs else "no lr")
+    words = ([f"lr {lr:g}"] if lr is not None else []) + ([json.dumps(kwargs, sort_keys=True)] if kwargs else [])
+    return " ".join(words) or "no lr"
 
 
 def fixed_targets(frame: pd.DataFrame) -> dict[str, bool]:
