@@ -87,11 +87,29 @@ def test_optimizer_kwargs_reach_their_trials_only_and_change_the_trial_id(planne
     # NaN and Infinity, which Python's json reads: NaN ran and the record said null
     (["--optimizer-kwargs", 'adamw={"weight_decay": NaN}'], "for adamw: NaN: a setting must be a finite number"),
     (["--optimizer-kwargs", 'adamw={"betas": [0.9, -Infinity]}'], "-Infinity: a setting must be a finite number"),
+    # a keyword or a value the library refuses failed every trial of the sweep, each after loading the model
+    (["--optimizers", "sgd", "--optimizer-kwargs", 'sgd={"nosuch": 1}'], "unexpected keyword argument 'nosuch'"),
+    (["--optimizers", "sgd", "--optimizer-kwargs", 'sgd={"momentum": -5}'], "Invalid momentum value: -5"),
+    (["--optimizer-kwargs", 'adafactor={"nosuch": 1}'], 'for adafactor: {"nosuch": 1} does not build it'),
 ])
 def test_malformed_optimizer_kwargs_are_a_usage_error(args, message, capsys):
     assert cli.main(["run", "--workload", "tiny", "--device", "cpu", *args]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("optbench: error:") and message in err[0]
+
+
+def test_kwargs_are_refused_only_when_the_defaults_build_and_the_kwargs_do_not(monkeypatch):
+    """The check builds the entry over a small probe model: an entry that cannot be built over the probe at all
+    says nothing about the user's kwargs, so they pass to the trials (which build over the real model)."""
+    assert optimizers.kwargs_refusal("adamw", {"betas": (0.9, 0.95)}) is None
+    assert "unexpected keyword argument" in optimizers.kwargs_refusal("adamw", {"nosuch": 1})
+    spec = optimizers.resolve("adamw")
+
+    def probe_unsuitable(*_, **__):
+        raise RuntimeError("needs a model with attention layers")
+
+    monkeypatch.setattr(type(spec), "build_for", probe_unsuitable)
+    assert optimizers.kwargs_refusal("adamw", {"nosuch": 1}) is None
 
 
 def test_explain_opens_with_the_answer_not_with_library_noise():

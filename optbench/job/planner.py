@@ -63,6 +63,10 @@ def optimizer_kwargs(items: Sequence[str], names: Sequence[str]) -> dict[str, di
     stray = sorted(set(parsed) - set(names))
     if stray:
         raise PlanError(f"--optimizer-kwargs for {', '.join(stray)}, which --optimizers does not run")
+    for name, kwargs in parsed.items():
+        refusal = optimizers.kwargs_refusal(name, kwargs)
+        if refusal:
+            raise PlanError(refusal)
     return parsed
 
 

@@ -36,6 +36,7 @@ from optbench.optimizers.registry import (
     LIST_NOTES,
     REGISTRY,
     available_names,
+    kwargs_refusal,
     parse_optimizer_kwargs,
     representatives,
     resolve,
@@ -45,6 +46,6 @@ from optbench.optimizers.registry import (
 __all__ = [
     "DEFAULT_OPTIMIZERS", "FP32_BYTES", "LIST_NOTES", "NOMINAL_SHAPE", "REGISTRY", "AnalyticState", "Count",
     "OptimizerSpec", "Param", "ParamState", "Shape", "StateMap", "UnknownOptimizerError", "available_names",
-    "describe_model", "factored_numel", "parse_optimizer_kwargs", "representatives", "resolve",
+    "describe_model", "factored_numel", "kwargs_refusal", "parse_optimizer_kwargs", "representatives", "resolve",
     "state_precision",
 ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Iterable
 from typing import Any
 
@@ -103,6 +104,37 @@ def parse_optimizer_kwargs(items: Iterable[str]) -> dict[str, dict[str, Any]]:
                              "\"lr\" (the lr is the trial's, recorded and tuned apart from the kwargs)")
         parsed.setdefault(spec.name, {}).update({key: _tuples(v) for key, v in value.items()})
     return parsed
+
+
+def kwargs_refusal(name: str, kwargs: dict[str, Any]) -> str | None:
+    """Why `kwargs` cannot build `name`, found by building it once over a small model, or None.
+
+    A misspelt keyword or an out-of-range setting (momentum -5) otherwise fails every trial of the sweep, each
+    after loading the model. The entry is built first without the kwargs: where that fails too (the probe model
+    does not suit the entry) the check cannot tell and says nothing, so a sound setting is never refused."""
+    spec = resolve(name)
+    if not kwargs or spec.trainer_optim or not spec.available:
+        return None
+    import torch
+
+    def build(settings: dict[str, Any]) -> Exception | None:
+        torch.manual_seed(0)
+        probe = torch.nn.Sequential(torch.nn.Embedding(64, 32), torch.nn.Linear(32, 32), torch.nn.Linear(32, 2))
+        try:
+            with warnings.catch_warnings():  # a library's deprecation notice belongs to the trial, not the check
+                warnings.simplefilter("ignore")
+                spec.build_for(probe, **settings)
+        except Exception as exc:  # noqa: BLE001 - any failure of the library's constructor is the answer
+            return exc
+        return None
+
+    if build({}) is not None:
+        return None
+    failure = build(kwargs)
+    if failure is None:
+        return None
+    reason = " ".join(str(failure).split()) or type(failure).__name__
+    return f"--optimizer-kwargs for {spec.name}: {json.dumps(kwargs)} does not build it: {reason}"
 
 
 class _NonFinite(ValueError):
