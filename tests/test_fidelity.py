@@ -1,5 +1,4 @@
-"""Update fidelity against a shadow fp32 AdamW, the untimed probe, the probe under a GradScaler, and the
-peak-memory split (CPU RSS, the CUDA allocator, and paged state the allocator never saw)."""
+"""Update fidelity against a shadow fp32 AdamW, the untimed probe, and the probe under a GradScaler."""
 
 import pytest
 import torch
@@ -9,8 +8,6 @@ from optbench import optimizers
 from optbench.job.spec import TrialSpec
 from optbench.probes.fidelity import UpdateFidelity, reference_settings
 from optbench.probes.timing import StepTimer
-from optbench.records.peaks import split_peak_memory
-from optbench.records.record import Record
 from optbench.trial.precision import unscale_and_check
 from optbench.trial.run import run_trial
 
@@ -84,35 +81,6 @@ def test_reference_settings_mirror_what_the_group_has():
     assert reference_settings(adamw_like) == {"lr": 1e-3, "betas": (0.8, 0.99), "eps": 1e-6, "weight_decay": 0.1}
     adafactor_like = {"lr": 3e-4, "eps": (1e-30, 1e-3), "beta1": None, "weight_decay": 0.0}
     assert reference_settings(adafactor_like) == {"lr": 3e-4, "weight_decay": 0.0}
-
-
-def test_peak_split_on_cpu_adds_the_weights_back_and_clamps_other():
-    record = Record(weights_bytes=100, grads_bytes=100, state_bytes=200, peak_rss_growth_bytes=500)
-    split_peak_memory(record)
-    assert record.peak_memory_bytes == 600 and record.other_peak_bytes == 200
-    allocator_reuse = Record(weights_bytes=100, grads_bytes=100, state_bytes=200, peak_rss_growth_bytes=250)
-    split_peak_memory(allocator_reuse)
-    assert allocator_reuse.peak_memory_bytes == 350 and allocator_reuse.other_peak_bytes == 0
-
-
-def test_peak_split_on_cuda_uses_the_allocator_peak():
-    record = Record(weights_bytes=100, grads_bytes=100, state_bytes=200, peak_cuda_allocated_bytes=1000,
-                    peak_rss_growth_bytes=5)
-    split_peak_memory(record)
-    assert record.peak_memory_bytes == 1000 and record.other_peak_bytes == 600
-
-
-def test_peak_split_adds_paged_state_the_allocator_never_saw_and_subtracts_it_once():
-    # 8-bit paged AdamW: 150 of its 200 state bytes live in cudaMallocManaged buffers, outside the allocator's
-    # peak (1000); subtracting all 200 from that peak would understate "other" by 150.
-    paged = Record(weights_bytes=100, grads_bytes=100, state_bytes=200, paged_state_bytes=150,
-                   peak_cuda_allocated_bytes=1000)
-    split_peak_memory(paged)
-    assert paged.peak_memory_bytes == 1150 and paged.other_peak_bytes == 750
-    allocator_only = Record(weights_bytes=100, grads_bytes=100, state_bytes=200, paged_state_bytes=0,
-                            peak_cuda_allocated_bytes=1000)
-    split_peak_memory(allocator_only)
-    assert allocator_only.peak_memory_bytes == 1000 and allocator_only.other_peak_bytes == 600
 
 
 def _scaled_backward(model, scaler, inputs, poison=False):

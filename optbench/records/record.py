@@ -108,8 +108,9 @@ class Record:
     held_other_bytes: int | None = None
     # Peak split into parts. peak_memory_bytes is, on CUDA, the allocator peak plus paged_state_bytes (state the
     # allocator never saw, resident on the GPU unless the driver pages it out under memory pressure); on CPU
-    # weights + peak RSS growth (the post-setup baseline already holds the weights, so growth alone would miss
-    # them). other_peak_bytes = peak - weights - grads - state: activations, temporaries, allocator slack.
+    # weights + peak RSS growth (the post-setup baseline already holds the weights, and under ddp/zero1 the
+    # gradients: records/peaks.py adds them back). other_peak_bytes = peak - weights - grads - state:
+    # activations, temporaries, allocator slack.
     peak_memory_bytes: int | None = None
     other_peak_bytes: int | None = None
     predicted_peak_bytes: int | None = None  # optbench.memory.predict's figure for peak_memory_bytes, before training

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from optbench.probes import steady_calibration
+from optbench.records.peaks import held_bytes, train_memory_bytes
 from optbench.records.record import MIB, Record
 
 LOWER, HIGHER, TARGET = "lower", "higher", "target"  # directions; TARGET: the record's target_mode decides
@@ -90,15 +91,14 @@ def _peak_mib(record: Record) -> float | None:
 
 
 def _train_mem_mib(record: Record) -> float | None:
-    """What training itself costs: the CUDA peak on a GPU; on CPU the growth over the post-setup RSS (the
-    process's own baseline — Python, torch, the loaded model — is the same for every optimizer)."""
-    peak = record.peak_cuda_allocated_bytes if _on_cuda(record) else record.peak_rss_growth_bytes
+    """peaks.train_memory_bytes in MiB."""
+    peak = train_memory_bytes(record)
     return None if peak is None else peak / MIB
 
 
 def _held_mib(record: Record) -> float | None:
     """Held after the last optimizer step (CPU): grads + state + what the allocator keeps."""
-    held = None if _on_cuda(record) else record.rss_growth_after_step_bytes
+    held = held_bytes(record)
     return None if held is None else held / MIB
 
 

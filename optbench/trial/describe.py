@@ -68,8 +68,6 @@ def describe_state(record: Record, optimizer: torch.optim.Optimizer, entry: Opti
     if entry is not None:
         record.paged, record.paged_reason = entry.paging(optimizer)
     record.optimizer_impl = measure.optimizer_impl(optimizer)
-    if record.rss_growth_after_step_bytes is not None and record.grads_bytes is not None:
-        record.held_other_bytes = record.rss_growth_after_step_bytes - record.grads_bytes - record.state_bytes
 
 
 def describe_training(record: Record, result: EngineResult, optimizer: Any, entry: OptimizerSpec | None,

@@ -23,11 +23,11 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from optbench.records.record import MIB
+from optbench.records.peaks import train_memory_bytes
+from optbench.records.record import MIB, Record
 from optbench.trial.engines.base import EngineResult
 
 if TYPE_CHECKING:
-    from optbench.records.record import Record
     from optbench.trial.engines.base import Setup
 
 MODES = ("ddp", "zero1", "fsdp2")
@@ -138,7 +138,7 @@ def per_rank_markdown(records: list[Record]) -> str:
     ddp_held = {r.optimizer: _held_bytes(r.per_rank[0]) for r in records
                 if r.parallel == "ddp" and r.status == "ok" and r.per_rank}
     headers = ["optimizer", "parallel", "rank", "status", "weights MiB", "grads MiB", "state MiB",
-               "weights+grads+state MiB", "% of a ddp rank", "peak RSS growth MiB", "step median ms", "eval acc",
+               "weights+grads+state MiB", "% of a ddp rank", "train mem MiB", "step median ms", "eval acc",
                "state changed vs 1 process"]
     rows, notes = [], []
     ordered = sorted(records, key=lambda r: MODES.index(r.parallel) if r.parallel in MODES else len(MODES))
@@ -151,7 +151,7 @@ def per_rank_markdown(records: list[Record]) -> str:
             rows.append([record.optimizer, f"{record.parallel} x{record.world_size}", rank["rank"], rank["status"],
                          *(_fmt(rank.get(key), MIB, 2) for key in ("weights_bytes", "grads_bytes", "state_bytes")),
                          _fmt(held, MIB, 2), f"{100 * held / reference:.1f}" if held and reference else "",
-                         _fmt(rank.get("peak_rss_growth_bytes"), MIB, 0), _fmt(rank.get("step_time_median_s"), 1e-3, 0),
+                         _fmt(_train_memory(rank, record), MIB, 0), _fmt(rank.get("step_time_median_s"), 1e-3, 0),
                          _accuracy(rank.get("eval_accuracy"), record), sharding_cell(record) or ""])
         if record.status != "ok":
             notes.append(f"- {record.optimizer} under {record.parallel}: {record.status}: {record.error}")
@@ -165,6 +165,14 @@ def _accuracy(value: float | None, record: Record) -> str:
     from optbench.report.bounds import untrained
 
     return "untrained" if untrained(value, record.metric_chance, "max") else _fmt(value, 1, 3)
+
+
+def _train_memory(rank: dict[str, Any], record: Record) -> int | None:
+    """A rank's train memory by the report's rule (peaks.train_memory_bytes): its CUDA peak, or its RSS growth plus
+    the gradients DDP's buckets held before the window."""
+    return train_memory_bytes(Record(parallel=record.parallel, grads_bytes=rank.get("grads_bytes"),
+                                     peak_rss_growth_bytes=rank.get("peak_rss_growth_bytes"),
+                                     peak_cuda_allocated_bytes=rank.get("peak_cuda_allocated_bytes")))
 
 
 def _held_bytes(rank: dict[str, Any]) -> int | None:
