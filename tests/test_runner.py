@@ -110,6 +110,15 @@ def test_a_score_at_chance_reads_untrained_in_the_running_lines_as_in_the_table(
     assert "accuracy 0.8 [1 s]" in summary_line(trial(0.80))
 
 
+def test_the_running_line_gives_train_mem_by_the_reports_rule():
+    """Under ddp the gradients sit in the RSS baseline (DDP's buckets): the line adds them back, as the table does."""
+    from optbench.cli.sweeping import summary_line
+
+    record = Record(trial_id="t", optimizer="adamw", seed=0, status="ok", wall_s=1.0, parallel="ddp",
+                    grads_bytes=100 * 2**20, peak_rss_growth_bytes=300 * 2**20, state_bytes=0, target_metric="accuracy")
+    assert "train mem 400 MiB" in summary_line(record)
+
+
 @pytest.mark.parametrize("startup", ["forkserver", "spawn"])
 def test_start_up_is_measured_per_trial(startup):
     record = LocalExecutor(startup=startup, echo=False).run(TrialSpec(optimizer="adamw", **TINY), {})
