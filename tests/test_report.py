@@ -62,7 +62,8 @@ def test_rerun_trial_counts_once_with_its_latest_record(records):
 
 
 @pytest.mark.parametrize("fields,peak_mib,other_mib", [
-    (dict(peak_memory_bytes=70 * MIB, peak_cuda_allocated_bytes=999 * MIB), 70, 30),  # the record's own figure
+    (dict(peak_memory_bytes=70 * MIB), 70, 30),  # the record's own figure, where nothing measured derives it
+    (dict(peak_memory_bytes=70 * MIB, peak_cuda_allocated_bytes=90 * MIB), 90, 50),  # derived again from the peak
     (dict(peak_rss_growth_bytes=50 * MIB), 60, 20),  # older CPU record: weights + peak RSS growth
     (dict(peak_cuda_allocated_bytes=80 * MIB, peak_rss_growth_bytes=5 * MIB), 80, 40),  # older CUDA record
 ])

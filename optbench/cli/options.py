@@ -7,8 +7,6 @@ Only parsing lives here; what the flags mean is optbench/job/planner.py's (job f
 from __future__ import annotations
 
 import argparse
-import sys
-import warnings
 from pathlib import Path
 from typing import NoReturn
 
@@ -60,19 +58,15 @@ def load_records(files: list[Path]) -> list:
 
     records = []
     for path in files:
-        try:
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                runs = sorted(path.glob("*.jsonl")) if path.is_dir() else []  # a folder of runs of one commit
-                if path.is_dir() and not runs and not any(path.rglob("*.json")):
-                    raise UsageError(f"nothing to read under {path}: no results files (*.jsonl) in it and no "
-                                     "pytest-benchmark JSON (*.json) under it")
-                for run in runs:
-                    records.extend(read_records(run))
-                if not runs:
-                    records.extend(read_benchmark_records(path) if is_benchmark_path(path) else read_records(path))
-            for warning in caught:
-                print(f"optbench: warning: {warning.message}", file=sys.stderr)
+        try:  # a torn line's warning reads `optbench: warning: ...` through main's one printer
+            runs = sorted(path.glob("*.jsonl")) if path.is_dir() else []  # a folder of runs of one commit
+            if path.is_dir() and not runs and not any(path.rglob("*.json")):
+                raise UsageError(f"nothing to read under {path}: no results files (*.jsonl) in it and no "
+                                 "pytest-benchmark JSON (*.json) under it")
+            for run in runs:
+                records.extend(read_records(run))
+            if not runs:
+                records.extend(read_benchmark_records(path) if is_benchmark_path(path) else read_records(path))
         except (ResultsFileError, BenchmarkJsonError) as exc:
             raise UsageError(str(exc)) from None
         except UnicodeDecodeError as exc:
