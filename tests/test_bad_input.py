@@ -127,6 +127,9 @@ CASES = [
     (RUN + ["--workload", "custom", "--model", "no-weights"], "model folder no-weights has no weights (model."),
     (RUN + ["--workload", "custom", "--model", "unbuildable"], "cannot build model 'unbuildable' from its config"),
     (FIT + ["--workload", "custom"], "--workload custom needs --model"),
+    # fit's --out: another tool's file ended fit in a traceback after its probes; a folder in "free space" (exit 4)
+    (FIT + ["--out", "malformed.jsonl"], "--out malformed.jsonl is not a results file (line 1: not a JSON line"),
+    (FIT + ["--out", "empty-folder"], "cannot write results to empty-folder: is a directory"),
     (["explain", "adamw", "--workload", "custom"], "--workload custom needs --model"),
     # list takes nothing
     (["list", "--all"], "unrecognized arguments: --all"),

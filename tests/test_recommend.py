@@ -172,3 +172,21 @@ def test_an_optimizer_that_stayed_at_chance_gets_no_quality_figure_and_is_not_ra
     text = render(list(rows.values()), SIZE, 10 * 2**30, "fp32", "r.jsonl")
     line = next(line for line in text.splitlines() if line.startswith("adafactor "))
     assert "accuracy untrained (every seed at chance: no figure)" in line and "0.51" not in line
+
+
+def test_results_whose_finals_all_failed_are_said_to_measure_nothing():
+    """A results file of one oom trial was described as "accuracy measured in ...: (their memory figures are another
+    model's or precision's, not used)": same model and precision, and nothing measured at all."""
+    failed = [dataclasses.replace(RECORDS[0], status="oom", eval_accuracy=None, other_peak_bytes=None)]
+    rows = recommend(SIZE, 10 * 2**30, failed)
+    text = render(rows, SIZE, 10 * 2**30, "fp32", "oom.jsonl")
+    assert "ended ok: activations and accuracy not measured" in text
+    assert "another model's" not in text and "accuracy measured in" not in text
+
+
+def test_an_empty_results_file_is_refused_by_recommend_and_estimate(tmp_path, capsys):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    for command in (["estimate", "--params", "7B"], ["recommend", "--params", "7B", "--gpu-memory", "80GiB"]):
+        assert main([*command, "--results", str(empty)]) == 2
+        assert capsys.readouterr().err.strip() == f"optbench: error: no records in {empty}"

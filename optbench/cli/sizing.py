@@ -10,12 +10,17 @@ import sys
 from pathlib import Path
 
 from optbench.cli.options import UsageError, load_records
-from optbench.cli.sweeping import check_inputs
+from optbench.cli.sweeping import check_inputs, check_out
 from optbench.records import exits
 
 
 def _load(path: Path) -> list:
-    return load_records([path])
+    """--results: a file with no records is refused, as `report` and `compare` refuse it, not read as "nothing
+    measured" (which silently answers from nominal figures)."""
+    records = load_records([path])
+    if not records:
+        raise UsageError(f"no records in {path}")
+    return records
 
 
 def _check_shape(args: argparse.Namespace, size) -> None:
@@ -75,8 +80,6 @@ def recommend_command(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     _check_shape(args, size)
     records = _load(args.results) if args.results else []
-    if args.results and not records:
-        raise UsageError(f"no records in {args.results}")
     rows = recommend.recommend(size, args.gpu_memory, records, args.precision, args.batch_size, args.seq_len,
                                args.device_kind)
     _say(rows[0].memory_note if rows else None)
@@ -117,6 +120,7 @@ def fit_command(args: argparse.Namespace) -> int:
     if args.repeats < 2:
         raise UsageError("--repeats must be at least 2: one trial per size cannot show how far a peak moves between "
                          "runs")
+    check_out(args.out)  # a folder or another tool's file there: one line now, not a traceback after the probes
     check_inputs(job)  # a bad workload, model or device is one line here, not a traceback or six failed probes
     try:
         result = fit.fit(args.memory, names, args.out, job=job, grow_by=args.grow, max_size=args.max_size,

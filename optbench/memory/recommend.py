@@ -43,6 +43,7 @@ class Recommendation:
     job: str | None = None  # the results' job the measurements come from (None: no results)
     other_jobs: int = 0  # jobs in the results that were left out
     memory_note: str | None = None  # records of another model or precision whose memory was not used (measured_here)
+    ok_finals: int = 0  # that job's final trials that ended ok: none, and nothing was measured at all
 
     @property
     def total_bytes(self) -> int:
@@ -155,7 +156,7 @@ def recommend(size: est.ModelSize, budget_bytes: int, records: Sequence = (), pr
             unavailable=REGISTRY[estimate.optimizer].unavailable_reason(), verdict=found.text if found else None,
             untrained=estimate.optimizer in quality.untrained,
             metric=quality.metric, mode=quality.mode, job=finals.job, other_jobs=finals.other_jobs,
-            memory_note=note))
+            memory_note=note, ok_finals=sum(r.status == "ok" for r in finals.records)))
     rows = [dataclasses.replace(r, fits=r.total_bytes <= budget_bytes) for r in rows]
     scored = [r for r in rows if r.fits and r.quality is not None]
     front = {id(scored[i]) for i in pareto.pareto_front(*zip(*(r.point() for r in scored), strict=True))} \
@@ -206,6 +207,9 @@ def _measured_note(rows: Sequence[Recommendation], results_name: str) -> str:
         return f"no final trial in {results_name}: activations and quality not measured"
     plural = "s" if first.other_jobs > 1 else ""
     others = f"; {first.other_jobs} other job{plural} in {results_name} left out" if first.other_jobs else ""
+    if not first.ok_finals:
+        return (f"no final trial of {first.job} in {results_name} ended ok: activations and {first.metric} not "
+                f"measured{others}")
     if all(r.activation_bytes is None for r in rows):  # est.measured_here: the results measured another model
         return (f"{first.metric} measured in {results_name}: the final trials of {first.job} (their memory figures "
                 f"are another model's or precision's, not used){others}")
