@@ -69,6 +69,17 @@ def test_plain_runs_at_two_lrs_of_one_job_are_not_pooled_as_seeds():
         assert summarize(trials_frame(kwargs)).set_index("optimizer").loc["sgd", "eval_target"] == 0.7
 
 
+def test_finals_at_another_lr_than_the_tune_choice_say_so_in_the_tuned_lr_cell():
+    """Studies of one job into one file: the tune trials pool (the choice stays adamw's 1e-3) while the table shows
+    the latest finals, run at 1e-2 by a later study. The cell said "0.001" over figures of lr 0.01."""
+    records = _study() + [_trial("adamw", seed, acc=0.7, lr=1e-2, stage="final") for seed in (1, 2)]
+    with pytest.warns(UserWarning, match="latest setting, lr 0.01"):
+        summary = summarize(trials_frame(records))
+    markdown = render_markdown(summary)
+    assert "| 0.01 (the finals' lr; the tune stage chose 0.001)" in markdown
+    assert "| 0.01 " in markdown.split("adamw8bit")[1]  # adamw8bit's finals ran at its choice: the plain cell
+
+
 def test_before_the_finals_ran_the_chosen_lr_alone_is_the_final():
     frame = trials_frame([r for r in _study() if r.stage == "tune"])
     assert sorted(frame.loc[frame["final"], "lr"]) == [1e-3, 1e-2]

@@ -123,9 +123,14 @@ def optional(group: pd.DataFrame, column: str, fmt: str) -> list[str]:
 
 
 def tuned_lr_cell(row: pd.Series) -> str:
-    """The chosen lr, with what the walk's range says of it (report/tuning.py): `extended`, `edge`."""
+    """The chosen lr, with what the walk's range says of it (report/tuning.py): `extended`, `edge`. Where the finals
+    shown ran at another lr (a file holding several studies of one job: the tune trials pool, the finals are the
+    latest setting's), the cell gives the lr they ran at first: the row's figures are that lr's."""
     lr = row.get("tuned_lr")
     if not present(lr):
         return ""
+    ran = row.get("lr")
+    if present(ran) and not math.isclose(float(ran), float(lr), rel_tol=1e-9):
+        return f"{float(ran):.3g} (the finals' lr; the tune stage chose {float(lr):.3g})"
     note = row.get("tune_range")
     return f"{lr:.3g}" + (f" ({note})" if present(note) and note else "")
