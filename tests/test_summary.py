@@ -80,6 +80,20 @@ def test_finals_at_another_lr_than_the_tune_choice_say_so_in_the_tuned_lr_cell()
     assert "| 0.01 " in markdown.split("adamw8bit")[1]  # adamw8bit's finals ran at its choice: the plain cell
 
 
+def test_a_study_whose_tune_trials_all_failed_shows_them_not_an_empty_report():
+    """Every tune trial timed out, so no final ran: the report was one blank line. An optimizer whose tuning all
+    failed now shows its tune trials' status; one that tuned keeps its finals, and no lr-choice sentence is made
+    from a tuning that chose nothing."""
+    failed = [dataclasses.replace(_trial("sgd", 0, lr=lr, stage="tune"), status="timeout", error="timed out after 1 s")
+              for lr in GRID]
+    markdown = render_markdown(summarize(trials_frame(failed)))
+    assert "| sgd " in markdown and "timeout 3/3" in markdown and "sgd (timeout): timed out after 1 s" in markdown
+    assert "lr chosen by" not in markdown
+    mixed = summarize(trials_frame(_study() + failed)).set_index("optimizer")
+    assert mixed.loc["sgd", "status"] == "timeout" and mixed.loc["adamw", "of_trials"] == 3
+    assert "lr chosen by" in render_markdown(mixed.reset_index())
+
+
 def test_before_the_finals_ran_the_chosen_lr_alone_is_the_final():
     frame = trials_frame([r for r in _study() if r.stage == "tune"])
     assert sorted(frame.loc[frame["final"], "lr"]) == [1e-3, 1e-2]

@@ -157,7 +157,18 @@ def _mark_finals(frame: pd.DataFrame, choices: dict[tuple[str, str], stats.LrCho
                   choice.band_basis, choice.tune_seeds, tuning.range_note(choice, sources))
         for column, value in zip(TUNING, values, strict=True):
             frame.loc[rows, column] = value
-    frame["final"] = final & _at_latest_setting(frame, final)
+    frame["final"] = final & _at_latest_setting(frame, final) | _failed_tuning(frame, final)
+
+
+def _failed_tuning(frame: pd.DataFrame, final: pd.Series) -> pd.Series:
+    """Per job and optimizer with no final trial, its tune trials where none ended ok: the study stopped there, and
+    the table says how ("timeout 2/2") instead of leaving the optimizer out (a study whose every trial failed
+    rendered an empty report)."""
+    shown = pd.Series(False, index=frame.index)
+    for _, rows in frame.groupby(["job_id", "optimizer"], sort=False):
+        if not final[rows.index].any() and (rows["stage"] == "tune").all() and (rows["status"] != "ok").all():
+            shown[rows.index] = True
+    return shown
 
 
 def _setting(row: pd.Series) -> str:
