@@ -132,6 +132,15 @@ def test_export_for_github_action_benchmark(base, tmp_path, capsys):
                       {"name": f"adamw8bit: eval accuracy ({job})", "unit": "%", "value": 88.0}]
 
 
+def test_every_optimizer_of_the_job_lost_is_a_regression_not_another_job(base, tmp_path, capsys):
+    """NEW ran the same job with an optimizer BASE lacks: compare said "share no job" (exit 2), naming one label twice,
+    though losing one optimizer of two is a regression (exit 1) and losing both is no less of one."""
+    other = _write(tmp_path / "new.jsonl", [_ok("sgd", "fp32", 0, 200, 0.1, 0.8)])
+    assert main(["compare", str(base), str(other)]) == 1
+    out = capsys.readouterr().out
+    assert f"adamw [{LABEL}]: was ok, now missing" in out and f"adamw8bit [{LABEL}]: was ok, now missing" in out
+
+
 @pytest.fixture
 def bad_inputs(tmp_path):
     (tmp_path / "notes.json").write_text("hello")
@@ -140,6 +149,7 @@ def bad_inputs(tmp_path):
     (tmp_path / "blank.jsonl").write_text("")
     (tmp_path / "latin1.jsonl").write_bytes(b"\xff\xfe")
     _write(tmp_path / "elsewhere.jsonl", [dataclasses.replace(r, steps=99) for r in BASE])
+    _write(tmp_path / "alike.jsonl", [dataclasses.replace(r, eval_size=7) for r in BASE])  # not in the label
     return tmp_path
 
 
@@ -150,6 +160,8 @@ def bad_inputs(tmp_path):
     (["{base}", "{tmp}/other.json"], "not pytest-benchmark JSON"),
     (["{base}", "{tmp}/empty"], "no results files (*.jsonl) in it and no pytest-benchmark JSON"),
     (["{base}", "{tmp}/elsewhere.jsonl"], "share no job"),
+    # two labels that read alike: the message printed the same label twice
+    (["{base}", "{tmp}/alike.jsonl"], "; they differ in eval_size (0 vs 7)"),
     (["{base}", "{base}", "--max-slowdown", "ten%"], "expected a number"),
     (["{base}", "{base}", "--max-memory-growth=-5%"], "finite number >= 0"),
     (["{base}", "{base}", "--max-accuracy-drop", "inf"], "finite number >= 0"),

@@ -166,6 +166,9 @@ def test_a_night_into_its_own_baseline_is_refused(tmp_path, capsys, monkeypatch,
     (["--device", "cuda:-1"], "unknown device"),
     (["--device", "cuda"], "no cuda device"),
     (["--device", "cpu", "--out", "o"], "drop --out"),
+    # no --device: the night's default, cuda, was reported as if the user had asked for it
+    ([], "a night runs on cuda unless --device says otherwise, and this torch build sees no cuda device: give "
+         "--device cpu"),
 ])
 def test_the_baseline_key_is_printed_only_for_a_device_the_night_can_run(capsys, monkeypatch, args, message):
     """`--print-baseline-key --device cuda` on a machine without a GPU printed the CPU's key (a GPU night's
@@ -192,6 +195,25 @@ def test_stage_commands():
     assert compare.thresholds_for("cuda") == compare.DEFAULT_THRESHOLDS["cuda"] != compare.thresholds_for("cpu")
 
 
+def test_an_optimizer_subset_outside_the_suites_default_collects():
+    """`nightly --optimizers sgd`: the suite parametrises only its default optimizers unless told, so the node ids
+    `[sgd]` matched nothing and the night ended "the benchmark suite did not run (pytest exit 4)"."""
+    import subprocess
+    import sys
+
+    config = nightly.NightConfig(device="cpu", preset="smoke", baseline=Path("b"), out=Path("o"),
+                                 thresholds=compare.thresholds_for("cpu"), optimizers=("sgd", "adamw"), job_argv=())
+    command = [arg for arg in nightly.benchmark_command(config, Path("b.json"))
+               if not arg.startswith("--benchmark-json") and arg != "--benchmark-save-data"]
+    root = Path(__file__).resolve().parents[1]
+    alone = {key: value for key, value in os.environ.items() if not key.startswith("PYTEST_")}  # not an xdist worker
+    done = subprocess.run([*command, "--collect-only"], cwd=root, env=alone, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert command[0] == sys.executable and "6 tests collected" in done.stdout
+    assert "test_train_step.py::test_train_step[sgd]" in done.stdout
+
+
 @pytest.mark.parametrize("device, gpus, kind", [("cuda:1", 2, "cuda"), ("auto", 1, "cuda"), ("auto", 0, "cpu"),
                                                 ("cpu", 1, "cpu")])
 def test_a_nights_limits_and_pre_flight_follow_the_device_it_resolves_to(device, gpus, kind, monkeypatch):
@@ -207,12 +229,16 @@ def test_a_nights_limits_and_pre_flight_follow_the_device_it_resolves_to(device,
     assert bool(asked) is (kind == "cuda")
 
 
-def test_every_job_flag_given_to_nightly_reaches_its_sweep():
+def test_every_job_flag_given_to_nightly_reaches_its_sweep(monkeypatch):
+    from optbench.cli.nightly import default_device
     from optbench.cli.options import build_parser, job_argv
+    from optbench.job import devices
 
     argv = ["--workload", "tiny", "--schedule", "cosine", "--batch-size", "4", "--max-memory", "2GiB",
             "--resume-check", "--workload-option", "hidden_size=32"]
     args = build_parser().parse_args(["nightly", "--baseline", "b", "--out", "o", *argv])
+    monkeypatch.setattr(devices, "cuda_device_count", lambda: 1)
+    default_device(args)  # as nightly_command does first
     again = build_parser().parse_args(["run", *job_argv(args)])  # what the night's `optbench run` parses
     for name in ("workload", "schedule", "batch_size", "max_memory", "resume_check", "workload_option", "device"):
         assert getattr(again, name) == getattr(args, name), name

@@ -13,12 +13,24 @@ from optbench.cli.sweeping import check_run
 from optbench.records import exits, nvidia
 
 
+def default_device(args: argparse.Namespace) -> None:
+    """No --device: the nightly workflow's GPU, `cuda`, said as the default it is where there is none."""
+    from optbench.job.devices import cuda_device_count
+
+    if args.device is None:
+        if cuda_device_count() == 0:
+            raise UsageError("a night runs on cuda unless --device says otherwise, and this torch build sees no "
+                             "CUDA device: give --device cpu for a CPU night")
+        args.device = "cuda"
+
+
 def nightly_command(args: argparse.Namespace) -> int:
     from optbench.job import planner
     from optbench.job.devices import device_kind
     from optbench.report.compare import thresholds_for
     from optbench.workflows import nightly
 
+    default_device(args)
     if args.print_baseline_key:
         given = [flag for flag, value in (("--baseline", args.baseline), ("--out", args.out)) if value is not None]
         if given:

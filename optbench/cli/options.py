@@ -317,7 +317,8 @@ def _add_compare_parsers(commands) -> None:
     nightly.add_argument("--accept", action="store_true",
                          help="an intended change: report the comparison, then make this night the baseline")
     add_job_arguments(nightly)
-    nightly.set_defaults(device="cuda")
+    nightly.set_defaults(device=None)  # a night is a GPU night unless --device says otherwise (nightly_command)
+    next(a for a in nightly._actions if a.dest == "device").help = "cuda (the default), cpu, auto or cuda:N"
     add_threshold_arguments(nightly)
 
 

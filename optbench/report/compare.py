@@ -42,7 +42,7 @@ import pandas as pd
 from optbench.records.record import Record
 from optbench.report import cells, metrics, noise, stats
 from optbench.report.environments import busy_machine, environment_differences, run_commits
-from optbench.report.frame import per_seed, summarize, trials_frame
+from optbench.report.frame import key_difference, per_seed, summarize, trials_frame
 from optbench.report.metrics import MEMORY, QUALITY, TIME, Metric
 
 
@@ -269,9 +269,9 @@ def compare(base: list[Record], new: list[Record], limits: Thresholds, history: 
     base_summary, new_summary = summarize(base_frame), summarize(new_frame)
     base_ok, base_status = _by_pair(base_summary)
     new_ok, new_status = _by_pair(new_summary)
-    if not set(base_status) & set(new_status):
-        raise CompareError(f"BASE and NEW share no job: BASE has {sorted(set(base_summary['job']))}, "
-                           f"NEW has {sorted(set(new_summary['job']))}")
+    if not {job for job, _ in base_status} & {job for job, _ in new_status}:  # every optimizer lost: regressions
+        raise CompareError(f"BASE and NEW share no job: BASE has {sorted(set(base_summary['job']))}, NEW has "
+                           f"{sorted(set(new_summary['job']))}{key_difference(base_summary, new_summary)}")
     labels = {**dict(zip(new_summary["job_id"], new_summary["job"], strict=True)),
               **dict(zip(base_summary["job_id"], base_summary["job"], strict=True))}
     trials = (_ok_trials(base_frame), _ok_trials(new_frame))

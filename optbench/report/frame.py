@@ -68,6 +68,16 @@ def job_id_without(key: dict[str, Any], fields: Iterable[str]) -> str:
     return job_id({name: value for name, value in key.items() if name not in fields})
 
 
+def key_difference(first: pd.DataFrame, second: pd.DataFrame) -> str:
+    """"; they differ in FIELD (a vs b), ..." of two summaries' jobs whose labels read alike (a label names only
+    some of the key), else nothing."""
+    if first.empty or second.empty or set(first["job"]) != set(second["job"]):
+        return ""
+    a, b = json.loads(first["job_id"].iloc[0]), json.loads(second["job_id"].iloc[0])
+    return "; they differ in " + ", ".join(f"{name} ({a.get(name)!r} vs {b.get(name)!r})"
+                                           for name in sorted({*a, *b}) if a.get(name) != b.get(name))
+
+
 def _row(record: Record) -> dict[str, Any]:
     copy = dataclasses.replace(record)  # the caller's records stay as they were read
     split_peak_memory(copy)  # records from benchmark JSON or older files may lack the split

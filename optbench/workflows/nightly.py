@@ -104,6 +104,7 @@ def benchmark_command(config: NightConfig, json_path: Path) -> list[str]:
     (on shared CPU cores its tolerance is itself noise)."""
     if config.optimizers:
         targets = [f"{BENCHMARK_DIR / test}[{name}]" for name in config.optimizers for test in OPTIMIZER_BENCHMARKS]
+        targets.append(f"--optbench-optimizers={','.join(config.optimizers)}")  # parametrised: ids beyond the default
     else:  # every registry entry: on a GPU the whole registry takes minutes (the CPU default is one per family)
         targets = [str(BENCHMARK_DIR), "--optbench-optimizers=all"] + (["--optbench-harness"]
                                                                        if config.preset == "nightly" else [])
