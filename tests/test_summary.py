@@ -94,6 +94,17 @@ def test_a_study_whose_tune_trials_all_failed_shows_them_not_an_empty_report():
     assert "lr chosen by" in render_markdown(mixed.reset_index())
 
 
+def test_the_chance_note_is_said_when_the_first_row_failed_and_names_the_rule():
+    """A failed first row (no chance figure) dropped the note while the ok rows below said `untrained`; and the
+    note said "within 2 points of it" of a rule that also marks scores far below chance."""
+    failed = dataclasses.replace(_trial("adamw", 0), status="oom", error="MemoryError")
+    at_chance = _trial("sgd", 0, acc=0.1875, metric_chance=0.4375)
+    markdown = render_markdown(summarize(trials_frame([failed, at_chance])))
+    assert "untrained" in markdown.split("| sgd")[1].splitlines()[0]
+    assert "chance: accuracy 0.4375 (the majority class's share); a final at most 2 points above it is shown as " \
+           "untrained" in markdown
+
+
 def test_before_the_finals_ran_the_chosen_lr_alone_is_the_final():
     frame = trials_frame([r for r in _study() if r.stage == "tune"])
     assert sorted(frame.loc[frame["final"], "lr"]) == [1e-3, 1e-2]

@@ -21,6 +21,7 @@ import pandas as pd
 from optbench.probes import HOST_SYNCED
 from optbench.records.record import REFERENCE_OPTIMIZER, Record
 from optbench.report import html_page, metrics, pareto, stats
+from optbench.report.bounds import UNTRAINED_POINTS
 from optbench.report.cells import (
     DETECTABLE,
     band_cell,
@@ -128,7 +129,8 @@ def notes(rows: pd.DataFrame) -> str:
 
 def bound_notes(rows: pd.DataFrame) -> list[str]:
     """What the ceiling, chance and minimum detectable difference columns mean (report/bounds.py, stats.py)."""
-    first, said = rows.iloc[0], []
+    said = []
+    first = next((row for _, row in rows.iterrows() if present(row.get("metric_chance"))), rows.iloc[0])  # ok rows'
     metric, most = first["target_metric"], first["target_mode"] == "max"
     if present(first.get("metric_ceiling")):
         said.append(f"{bound_title(first['target_mode'])}: the {metric} of the Bayes-optimal predictor on this eval "
@@ -136,7 +138,8 @@ def bound_notes(rows: pd.DataFrame) -> list[str]:
     if present(first.get("metric_chance")):
         said.append(f"chance: {metric} {first['metric_chance']:.4g} ("
                     + ("the majority class's share" if most else "the unigram perplexity of the eval tokens")
-                    + f"); a final {'within 2 points of it' if most else 'at or above it'} is shown as untrained")
+                    + f"); a final {f'at most {UNTRAINED_POINTS:g} points above it' if most else 'at or above it'} "
+                    "is shown as untrained")
     if "detectable_vs_adamw" in rows and rows["detectable_vs_adamw"].map(present).any():
         said.append("min. detectable Δ: the smallest true difference the comparison would call worse by at least the "
                     "margin with 80 % power at its n, m + (t(0.975, n-1) + t(0.8, n-1)) · s_d / √n")
