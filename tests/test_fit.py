@@ -123,6 +123,8 @@ def test_fit_table_render_and_figure(tmp_path, monkeypatch):
     text = fit.render(result)
     assert "largest batch within 0.10 GiB per optimizer: tiny, seq 32, fp32, cpu" in text
     assert "budget covers weights + peak RSS growth" in text and "not budgeted" in text
+    tiny = fit.fit(MIB, ["adamw"], tmp_path / "tiny.jsonl", job=TINY_JOB, max_size=512, progress=None, run=run)
+    assert "largest batch within 1.0 MiB per optimizer" in fit.render(tiny)  # it read "0.00 GiB"
     drawn, save = [], Figure.savefig
     monkeypatch.setattr(Figure, "savefig", lambda fig, path, **kw: (drawn.append(fig), save(fig, path, **kw))[1])
     table_path, figure_path = fit.save(result, tmp_path / "fit.jsonl")

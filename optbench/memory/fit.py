@@ -337,7 +337,9 @@ def _job_label(result: FitResult) -> str:
 
 def render(result: FitResult) -> str:
     """The table as markdown under a header saying what the budget covers and how sizes were confirmed."""
-    header = [f"largest {result.grow_by} within {result.budget_bytes / GIB:.2f} GiB per optimizer: "
+    budget = (f"{result.budget_bytes / GIB:.2f} GiB" if result.budget_bytes >= GIB / 100
+              else f"{result.budget_bytes / MIB:,.1f} MiB")  # a budget of 1MiB read "0.00 GiB"
+    header = [f"largest {result.grow_by} within {budget} per optimizer: "
               f"{_job_label(result)}", "budget covers " + (
                   "weights + peak RSS growth over the process's post-setup baseline; the process's whole peak RSS "
                   "(its libraries, the data) comes on top and is shown apart, not budgeted"
