@@ -154,6 +154,7 @@ def test_out_of_memory_on_cpu_is_an_oom_record_and_the_next_trial_runs(tmp_path)
     assert hungry.trial_id == TrialSpec(optimizer="adamw", **{**TINY, "batch_size": 256, "seq_len": 128}).trial_id
     records = run_sweep([hungry, TrialSpec(optimizer="adafactor", **TINY)], tmp_path / "r.jsonl")
     assert [r.status for r in records] == ["oom", "ok"], [r.error for r in records]
+    assert "under the trial's --max-memory cap of 64 MiB" in records[0].error  # it read "MemoryError: "
 
 
 @pytest.mark.cuda

@@ -20,3 +20,11 @@ def says_out_of_memory(text: str) -> bool:
 def raised_out_of_memory(exc: BaseException) -> bool:
     """Whether an exception is an out-of-memory failure: a MemoryError, or one whose type or message says so."""
     return isinstance(exc, MemoryError) or says_out_of_memory(f"{type(exc).__name__}: {exc}")
+
+
+def under_cap(error: str, cap_bytes: int | None) -> str:
+    """An out-of-memory error with the trial's own --max-memory cap named, where it had one: Python's MemoryError
+    says nothing ("MemoryError: "), and the cap, not the machine, is usually what ran out."""
+    if not cap_bytes:
+        return error
+    return f"{error.rstrip(': ')} (under the trial's --max-memory cap of {cap_bytes / 2**20:,.0f} MiB)"

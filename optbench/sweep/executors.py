@@ -29,7 +29,7 @@ from typing import Protocol, runtime_checkable
 
 from optbench.job.devices import cuda_device_count
 from optbench.job.spec import TrialSpec
-from optbench.records.oom import says_out_of_memory
+from optbench.records.oom import says_out_of_memory, under_cap
 from optbench.records.record import Record
 from optbench.sweep.child import PRELOAD, SWEEP_PID_ENV
 from optbench.sweep.devices import preload_modules
@@ -91,7 +91,8 @@ def died_record(spec: TrialSpec, returncode: int, tail: bytes, wall_s: float) ->
     if returncode in (-signal.SIGKILL, 128 + signal.SIGKILL):
         return failed_record(spec, "oom", f"trial process was killed (out of memory?): {last}", wall_s)
     if says_out_of_memory(tail.decode(errors="replace")):
-        return failed_record(spec, "oom", f"trial process ran out of memory (exit code {returncode}): {last}", wall_s)
+        return failed_record(spec, "oom", under_cap(f"trial process ran out of memory (exit code {returncode}): {last}",
+                                                    spec.max_memory_bytes), wall_s)
     return failed_record(spec, "error", f"trial process exited with code {returncode}: {last}", wall_s)
 
 

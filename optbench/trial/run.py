@@ -32,7 +32,7 @@ from optbench.job.spec import TrialSpec
 from optbench.optimizers import resolve
 from optbench.probes import bandwidth, measure, stream
 from optbench.records.environment import cpu_name, environment, machine_key
-from optbench.records.oom import raised_out_of_memory
+from optbench.records.oom import raised_out_of_memory, under_cap
 from optbench.records.record import Record
 from optbench.trial.describe import (
     describe_bandwidth,
@@ -132,6 +132,8 @@ def run_trial(spec: TrialSpec) -> Record:
     except Exception as exc:  # noqa: BLE001 - every failure is recorded, the sweep goes on
         record.status = "oom" if raised_out_of_memory(exc) else "error"
         record.error = f"{type(exc).__name__}: {exc}"
+        if record.status == "oom":
+            record.error = under_cap(record.error, spec.max_memory_bytes)
     record.wall_s = time.perf_counter() - start
     return record
 
