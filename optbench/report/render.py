@@ -105,7 +105,9 @@ def notes(rows: pd.DataFrame) -> str:
         said.append(f"target: {metric} {sign} {first['job_target']:.4g} on the eval curve ({when}); time to target "
                     "is the median over seeds, a seed that never reached it counting as infinite, each crossing "
                     "interpolated between the two evaluations around it (the curve's spacing is its resolution)")
-    tuned = rows[rows["tune_steps"].notna() & rows["tuned_lr"].map(present)] if "tune_steps" in rows else rows[:0]
+    tuned = rows[rows["tune_steps"].notna()] if "tune_steps" in rows else rows[:0]
+    if "tuned_lr" in tuned:  # a tuning that chose no lr (every tune trial failed) says nothing of a choice
+        tuned = tuned[tuned["tuned_lr"].map(present)]
     if len(tuned):
         budget, steps = int(tuned["tune_steps"].max()), first.get("steps")
         fewer = f" (fewer than the {int(steps)} final steps)" if present(steps) and int(steps) > budget else ""
