@@ -180,14 +180,13 @@ def show(record: Record) -> None:
 
 def summary_line(record: Record) -> str:
     """One line per finished trial, while the sweep runs."""
-    from optbench.records.peaks import train_memory_bytes
+    from optbench.records.peaks import on_cuda, train_memory_bytes
     from optbench.report.bounds import score_text
 
     head = f"{record.optimizer:<12} seed={record.seed} {record.status:<8}"
     if record.status != "ok":
         return f"{head} {record.error or ''}"
-    memory = (f"peak CUDA {_mib(record.peak_cuda_allocated_bytes)}" if record.peak_cuda_allocated_bytes is not None
-              else f"train mem {_mib(train_memory_bytes(record))}")  # the report's figure
+    memory = f"{'peak CUDA' if on_cuda(record) else 'train mem'} {_mib(train_memory_bytes(record))}"  # the report's
     metrics = record.val_metrics if not record.eval_metrics else record.eval_metrics
     value = metrics.get(record.target_metric)
     score = (f"{record.target_metric} {score_text(value, record.metric_chance, record.target_mode)}"

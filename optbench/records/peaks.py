@@ -12,6 +12,11 @@ if TYPE_CHECKING:
     from optbench.records.record import Record
 
 
+def on_cuda(record: Record) -> bool:
+    """Whether the record's memory figures are the CUDA allocator's (else the process's RSS on CPU)."""
+    return record.peak_cuda_allocated_bytes is not None
+
+
 # Parallel modes whose gradients are views of DDP's all-reduce buckets (engines/parallel.py: gradient_as_bucket_view).
 BUCKETED_GRAD_MODES = ("ddp", "zero1")
 
@@ -23,7 +28,7 @@ def grads_in_baseline_bytes(record: Record) -> int:
     by the warm-up backward, before the memory window opens, so no training step adds pages for them (a 64 MiB
     gradient adds 64 MiB of RSS in one process and 2 MiB under DDP with two gloo ranks). One process and FSDP2
     allocate theirs inside the window. On CUDA the allocator's peak counts every live tensor: nothing to add."""
-    if record.peak_cuda_allocated_bytes is not None or record.parallel not in BUCKETED_GRAD_MODES:
+    if on_cuda(record) or record.parallel not in BUCKETED_GRAD_MODES:
         return 0
     return record.grads_bytes or 0
 
@@ -32,7 +37,7 @@ def held_bytes(record: Record) -> int | None:
     """What training holds between steps on CPU (grads + state + what the allocator keeps): the RSS growth
     right after the last optimizer step, plus gradients the baseline already held. None on CUDA, where RSS
     does not see the device's memory."""
-    if record.peak_cuda_allocated_bytes is not None or record.rss_growth_after_step_bytes is None:
+    if on_cuda(record) or record.rss_growth_after_step_bytes is None:
         return None
     return record.rss_growth_after_step_bytes + grads_in_baseline_bytes(record)
 
@@ -41,7 +46,7 @@ def train_memory_bytes(record: Record) -> int | None:
     """What training itself costs: the CUDA peak on a GPU; on CPU the peak RSS growth over the post-setup baseline
     (the process's own baseline — Python, torch, the loaded model — is the same for every optimizer), plus the
     gradients that baseline already holds under ddp and zero1."""
-    if record.peak_cuda_allocated_bytes is not None:
+    if on_cuda(record):
         return record.peak_cuda_allocated_bytes
     if record.peak_rss_growth_bytes is None:
         return None
@@ -65,7 +70,7 @@ def split_peak_memory(record: Record) -> None:
     The split is derived: where the measured fields are there it is derived again, so a record written before a
     rule changed (the ddp gradients above) reads by the current rule; a record without them keeps what it has.
     """
-    if record.peak_cuda_allocated_bytes is not None:
+    if on_cuda(record):
         record.peak_memory_bytes = record.peak_cuda_allocated_bytes + (record.paged_state_bytes or 0)
     elif record.peak_rss_growth_bytes is not None and record.weights_bytes is not None:
         record.peak_memory_bytes = record.weights_bytes + train_memory_bytes(record)
@@ -74,7 +79,7 @@ def split_peak_memory(record: Record) -> None:
     held = held_bytes(record)
     if held is not None:
         record.held_other_bytes = held - record.grads_bytes - record.state_bytes
-    elif record.peak_cuda_allocated_bytes is not None:
+    elif on_cuda(record):
         record.held_other_bytes = None
     if record.peak_memory_bytes is None or record.weights_bytes is None:
         return

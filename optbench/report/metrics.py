@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from optbench.probes import steady_calibration
-from optbench.records.peaks import held_bytes, train_memory_bytes
+from optbench.records.peaks import held_bytes, on_cuda, train_memory_bytes
 from optbench.records.record import MIB, Record
 
 LOWER, HIGHER, TARGET = "lower", "higher", "target"  # directions; TARGET: the record's target_mode decides
@@ -80,13 +80,9 @@ def _scientific(field: str) -> Callable[[Record], str | None]:
     return lambda record: None if getattr(record, field) is None else f"{getattr(record, field):.1e}"
 
 
-def _on_cuda(record: Record) -> bool:
-    return record.peak_cuda_allocated_bytes is not None
-
-
 def _peak_mib(record: Record) -> float | None:
     """The process's peak: CUDA allocated on a GPU, whole RSS on CPU."""
-    peak = record.peak_cuda_allocated_bytes if _on_cuda(record) else record.peak_rss_bytes
+    peak = record.peak_cuda_allocated_bytes if on_cuda(record) else record.peak_rss_bytes
     return None if peak is None else peak / MIB
 
 
