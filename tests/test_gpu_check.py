@@ -166,3 +166,13 @@ def test_the_record_checks_pass_a_good_run_and_name_each_problem():
                                             "smoke-all: no paged entry ran ok (bitsandbytes with CUDA support "
                                             "installed?)", "smoke-all: galore_adamw8bit is not in the sweep"]
     assert checks.problems({}, "part2") == ["max-memory: no record", "lm: no ok trial for the roofline"]
+
+
+def test_every_python_snippet_in_the_script_compiles():
+    """The dry run skips what only a GPU machine runs: a snippet that did not compile named the first GPU run's
+    results folder `results/` (an empty GPU name) instead of `results/nvidia-h200/`."""
+    text = (ROOT / "scripts" / "gpu-check").read_text(encoding="utf-8")
+    snippets = re.findall(r'-c "([^"$]*)"', text) + re.findall(r"- [^<]*<<'PY'\n(.*?)\nPY\n", text, re.S)
+    assert len(snippets) >= 5
+    for snippet in snippets:
+        compile(snippet, "gpu-check", "exec")
