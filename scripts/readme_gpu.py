@@ -18,7 +18,8 @@ from optbench.report.frame import summarize, trials_frame
 GPU_FILES = ("smoke-all.jsonl", "lm.jsonl", "ddp.jsonl", "fp16-autocast.jsonl", "bf16-autocast.jsonl",
              "max-memory.jsonl")
 SMOKE_COLUMNS = ("optimizer", "state precision", "status", "state MiB", "opt step ms", "impl", "roofline %", "resume")
-LM_COLUMNS = ("optimizer", "step ms", "opt step ms", "impl", "roofline %", "bandwidth GB/s")
+LM_COLUMNS = ("optimizer", "step ms", "opt step ms", "impl", "roofline %", "bandwidth GB/s", "train mem MiB",
+              "pred. peak MiB", "pred. err %")
 NONE_YET = ("No GPU run is committed yet. On a GPU machine: `scripts/gpu-bundle` here (the wheels it lacks), then "
             "`scripts/gpu-check part1` and `scripts/gpu-check part2` there; each writes `results/<gpu>/`, and this "
             "section renders from it.")
@@ -37,7 +38,8 @@ def _table(records: list[Record], columns: tuple[str, ...]) -> str:
 
 
 def _machine(records: list[Record]) -> str:
-    env = next((r.env for r in records if r.env), {})
+    # a skipped trial's stamp names no device: the first that does
+    env = next((r.env for r in records if r.env and r.env.get("gpu")), next((r.env for r in records if r.env), {}))
     driver = f", driver {env['gpu_driver']}" if env.get("gpu_driver") else ""
     return f"{env.get('gpu') or 'unknown GPU'}{driver}, torch {env.get('torch')}, CUDA {env.get('cuda')}"
 
@@ -46,6 +48,11 @@ def gpu_part(folder: Path) -> str:
     records = {name: read_records(folder / name) for name in GPU_FILES if (folder / name).is_file()}
     every = [r for rs in records.values() for r in rs]
     lines = [f"#### `results/{folder.name}/`: {_machine(every)}", ""]
+    ran = ", ".join(f"{name.removesuffix('.jsonl')} ({len(rs)})" for name, rs in records.items())
+    missing = [name.removesuffix(".jsonl") for name in GPU_FILES if name not in records]
+    if not (folder / "predictor" / "held-out.md").is_file():
+        missing.append("predictor")
+    lines += [f"Record files (trials): {ran}; not in this folder: {', '.join(missing) or 'none'}.", ""]
     if records.get("smoke-all.jsonl"):
         lines += ["Every available entry at smoke size on `tiny`, checkpointed and resumed:", "",
                   _table(records["smoke-all.jsonl"], SMOKE_COLUMNS), ""]
@@ -53,6 +60,9 @@ def gpu_part(folder: Path) -> str:
         lines += ["The causal LM's optimizer steps against the GPU's measured bandwidth (the stream probe's fused "
                   "AdamW kernel):", "",
                   _table(records["lm.jsonl"], LM_COLUMNS), ""]
+        if not any(r.device_bandwidth_calibrated_bytes_per_s for r in records["lm.jsonl"]):
+            lines += ["No roofline %: these trials ran where no bandwidth calibration was cached "
+                      "(`optbench calibrate-bandwidth --device cuda` first).", ""]
         if any(r.optimizer_impl == HOST_SYNCED for r in records["lm.jsonl"]):
             lines += [f"`{HOST_SYNCED}`: bitsandbytes synchronises the GPU after every parameter's update, so its "
                       "step is host-serialised; its roofline % is bound by launches and waits, not bandwidth.", ""]

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))  # readme_gpu beside this file
 
-from readme_gpu import gpu_section  # noqa: E402
+from readme_gpu import gpu_folders, gpu_section  # noqa: E402
 
 from optbench.optimizers.noise import filter_known_noise  # noqa: E402
 from optbench.records.record import Record, read_records  # noqa: E402
@@ -120,9 +120,11 @@ def registry_entries() -> str:
 
 
 def results_files() -> list[Path]:
-    """Every results file under results/cpu-2core: the records (*.jsonl) and the stamped JSON documents (the
-    harness check's pytest-benchmark file, the bare-loop probe, a bandwidth calibration)."""
-    return sorted([*RESULTS.rglob("*.jsonl"), *RESULTS.rglob("*.json")])
+    """Every results file under results/cpu-2core, then under each GPU folder scripts/gpu-check wrote: the records
+    (*.jsonl) and the stamped JSON documents (the harness check's pytest-benchmark file, the bare-loop probe, a
+    bandwidth calibration)."""
+    folders = [RESULTS, *gpu_folders(RESULTS.parent)]
+    return [path for folder in folders for path in sorted([*folder.rglob("*.jsonl"), *folder.rglob("*.json")])]
 
 
 def _stamps(path: Path) -> list[dict]:
@@ -145,7 +147,8 @@ def _host(stamp: dict) -> str:
     """The CPU a stamp was measured on, short: vendor and family/model (`AMD EPYC 25/1`, `Intel Xeon 6/167`)."""
     vendor = " ".join(word for word in str(stamp["cpu"]).replace("(R)", "").split() if word != "Processor")
     model = re.findall(r"\d+", str(stamp.get("cpu_model") or ""))[:2]
-    return f"{vendor} {'/'.join(model)}".strip()
+    host = f"{vendor} {'/'.join(model)}".strip()
+    return f"{stamp['gpu']} ({host})" if stamp.get("gpu") else host
 
 
 def provenance_table() -> str:
@@ -155,7 +158,8 @@ def provenance_table() -> str:
     groups: dict[str, list[dict]] = {}
     for path in results_files():
         run = path.stem.startswith("run-")  # one of a campaign's runs: one row per folder of them
-        name = str((path.parent / f"run-*{path.suffix}" if run else path).relative_to(RESULTS))
+        shown = path.parent / f"run-*{path.suffix}" if run else path
+        name = str(shown.relative_to(RESULTS if shown.is_relative_to(RESULTS) else ROOT))
         groups.setdefault(name, []).extend(_stamps(path))
     rows = []
     for name, stamps in groups.items():

@@ -42,7 +42,8 @@ def test_every_block_names_a_renderer():
 
 def test_a_gpu_folder_renders_its_own_section(tmp_path):
     """What scripts/gpu-check writes (here: the CPU records restamped as if timed on a GPU) becomes a README part,
-    with bitsandbytes' host-synced step named beside its roofline; no GPU folder: a line saying how to make one."""
+    with bitsandbytes' host-synced step named beside its roofline, what the folder lacks, and why a roofline is
+    missing; no GPU folder: a line saying how to make one."""
     from readme_gpu import NONE_YET, gpu_section
 
     (tmp_path / "cpu-2core").mkdir()
@@ -54,6 +55,8 @@ def test_a_gpu_folder_renders_its_own_section(tmp_path):
         for record in read_records(ROOT / "results" / "cpu-2core" / name):
             record.device, record.device_name = "cuda:0", "NVIDIA H200"
             record.env = {**record.env, "gpu": "NVIDIA H200", "gpu_driver": "580.159.04", "cuda": "13.0"}
+            if record.status == "skipped":  # as on the GPU: a skipped trial's stamp names no device
+                record.env = {**record.env, "gpu": None, "gpu_driver": None, "cuda": None}
             record.device_bandwidth_calibrated_bytes_per_s = 4.0e12  # gpu-check calibrates the GPU first
             record.device_bandwidth_kernel = "fused-adamw"  # with the stream kernel (a triad record has no roofline)
             if record.optimizer_step_traffic_bytes and record.optimizer_step_median_s:
@@ -65,6 +68,13 @@ def test_a_gpu_folder_renders_its_own_section(tmp_path):
     assert text.startswith("#### `results/nvidia-h200/`: NVIDIA H200, driver 580.159.04, torch ")
     assert text.count("| optimizer ") == 2 and text.count("roofline %") >= 3 and "galore_adamw_r8 " in text
     assert f"`{HOST_SYNCED}`: bitsandbytes synchronises the GPU after every parameter" in text
+    assert "not in this folder: ddp, fp16-autocast, bf16-autocast, max-memory, predictor." in text
+    assert "No roofline %" not in text
+    for record in read_records(gpu / "lm.jsonl"):  # an lm job run before the GPU's bandwidth was calibrated
+        record.device_bandwidth_calibrated_bytes_per_s = record.roofline_fraction = None
+        append_record(tmp_path / "nvidia-h100" / "lm.jsonl", record)
+    text = gpu_section(tmp_path)
+    assert "No roofline %: these trials ran where no bandwidth calibration was cached" in text
 
 
 def test_every_table_of_the_readme_is_rendered_from_records():
