@@ -87,6 +87,25 @@ def test_a_trial_with_the_resume_check_reports_checkpoint_size_times_and_status(
     assert (record.resume_note is not None) == (name == "adamw_schedulefree")
 
 
+@pytest.mark.parametrize("engine", ["native", "accelerate"])
+def test_the_resume_check_pauses_the_memory_window_at_its_save_alone(engine, monkeypatch):
+    """A pause collects garbage, trims the heap and empties the CUDA cache; once a step it cost ~0.2 s a step here,
+    and on CUDA the next step had to allocate its blocks again. Only the middle step's save pauses."""
+    from optbench.probes import measure
+
+    pauses = []
+    paused = measure.MemoryWindow.paused
+
+    def counted(self):
+        pauses.append(1)
+        return paused(self)
+
+    monkeypatch.setattr(measure.MemoryWindow, "paused", counted)
+    record = run_trial(TrialSpec(optimizer="adamw", resume_check=True, engine=engine, **{**TINY, "steps": 6}))
+    assert record.status == "ok" and record.resume_status == "exact", record.error
+    assert len(pauses) == 1
+
+
 def test_compare_calls_tiny_differences_close_and_larger_ones_diverged():
     a, record = [torch.zeros(3)], Record()
     resume.compare(record, a, [torch.tensor([0.0, 0.0, 1e-7])], 1.0, 1.0)

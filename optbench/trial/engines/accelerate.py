@@ -74,7 +74,7 @@ def train(s: Setup, record: Record) -> EngineResult:
     check = ResumeCheck.if_asked(s, record)  # the native loop's: it saves the same objects, Accelerate wraps them
     warm_up(s)
     memory = measure.MemoryWindow(s.device)
-    log = StepLog(s, record, memory, after_step=check.after_step if check is not None else None)
+    log = StepLog(s, record, memory, hook=check)
     for step, batch in enumerate(loader):  # the loader has copied the batch to the device already
         timer = StepTimer(s.device)
         timer.mark("start")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     import torch
@@ -91,19 +91,29 @@ class EngineResult:
     fidelity: UpdateFidelity | None = None  # --fidelity: the update-fidelity probe, its curves filled
 
 
+class StepHook(Protocol):
+    """Work between two steps that is neither timed nor training memory (the resume check's save)."""
+
+    def acts_at(self, step: int) -> bool:
+        """Whether `after_step(step)` has work: the loop pauses the memory window only then."""
+        ...
+
+    def after_step(self, step: int) -> None: ...
+
+
 class StepLog:
     """What a loop records after each step, the same in every engine: the loss curve, the step and optimizer-step
     samples sorted by `timing.StepSamples` (warm-up out, the first step that stepped apart, a step an fp16 loss
     scaler skipped listed in `record.skipped_steps` and kept out of the medians), divergence, the `--eval-every`
     curve (evaluated between steps, on the fixed subset, against training seconds so far, outside the memory
-    window's peak: see `MemoryWindow.paused`) and the `after_step` hook the engine passes (its resume check's save,
-    called with the step's index outside the timed intervals and the memory window's peak)."""
+    window's peak: see `MemoryWindow.paused`) and the hook the engine passes (its resume check's save, called with
+    the step's index outside the timed intervals and the memory window's peak, at the steps where it acts)."""
 
     def __init__(self, s: Setup, record: Record, memory: MemoryWindow | None = None,
-                 after_step: Callable[[int], None] | None = None) -> None:
+                 hook: StepHook | None = None) -> None:
         from optbench.probes.timing import StepSamples
 
-        self.s, self.record, self.memory, self.hook = s, record, memory, after_step
+        self.s, self.record, self.memory, self.hook = s, record, memory, hook
         self.curve_split = s.curve_split if s.spec.eval_every else None
         self.samples = StepSamples(s.spec.warmup_steps)
         self.trained_s = 0.0
@@ -118,12 +128,12 @@ class StepLog:
             raise Diverged(f"loss became {loss_value} at step {step}")
         if self.curve_split is not None and (step + 1) % spec.eval_every == 0:
             record.eval_curve.append([step + 1, self.trained_s, self._curve_point()])
-        if self.hook is not None:
+        if self.hook is not None and self.hook.acts_at(step):
             if self.memory is None:
-                self.hook(step)
-            else:
+                self.hook.after_step(step)
+            else:  # a pause collects garbage, trims the heap and empties the CUDA cache: only where there is work
                 with self.memory.paused():
-                    self.hook(step)
+                    self.hook.after_step(step)
 
     def _curve_point(self) -> float:
         """One eval-curve value; its memory (an LM's fp32 logits) must not count as the training peak."""

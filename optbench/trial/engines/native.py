@@ -37,7 +37,7 @@ def train(s: Setup, record: Record) -> EngineResult:
     check = ResumeCheck.if_asked(s, record)
     warm_up(s)
     memory = measure.MemoryWindow(s.device)
-    log = StepLog(s, record, memory, after_step=check.after_step if check is not None else None)
+    log = StepLog(s, record, memory, hook=check)
     progress = _progress(spec, record)
     for sample in timed_steps(s, probe=probe, memory=memory):
         progress.update(1)

@@ -58,10 +58,13 @@ class ResumeCheck:
         """The check where the spec asks for it (`--resume-check`), else None."""
         return cls(s, record) if s.spec.resume_check else None
 
+    def acts_at(self, step: int) -> bool:
+        """Only the middle step saves."""
+        return step + 1 == self.mid
+
     def after_step(self, step: int) -> None:
-        if step + 1 != self.mid:
-            return
-        self._attempt(self._save)
+        if self.acts_at(step):
+            self._attempt(self._save)
 
     def _attempt(self, phase: Any, *args: Any) -> bool:
         """Run one phase; a failure is the result (its message kept). In a group every rank must take the same
