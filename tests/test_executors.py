@@ -69,6 +69,8 @@ def test_a_torchrun_group_is_recorded_with_its_root_cause_not_the_other_ranks_ec
     (-signal.SIGKILL, b"", "oom"),  # the kernel's out-of-memory killer
     (128 + signal.SIGKILL, b"", "oom"),  # the same kill, as a shell reports it
     (-signal.SIGABRT, BAD_ALLOC_TAIL, "oom"),  # an allocation refused under the memory cap
+    # Rust's (tokenizers') refused allocation under the cap, as a trial's log ended with it
+    (-signal.SIGABRT, b"memory allocation of 5 bytes failed\nmemory allocation of 1 bytes failed\n", "oom"),
     (1, b"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n", "oom"),
     (1, PYTHON_TAIL, "error"),
     (-signal.SIGSEGV, b"", "error"),

@@ -4,17 +4,22 @@ result, not `error`."""
 
 from __future__ import annotations
 
+import re
+
 # What running out of memory says, lower-cased: torch's OutOfMemoryError ("CUDA out of memory. Tried to allocate
 # ..."), Python's MemoryError, C++'s std::bad_alloc (an allocation refused under the RLIMIT_AS memory cap, often
 # as "what(): std::bad_alloc" before an abort), and the C library's words for a refused mmap or brk.
 OOM_MARKERS = ("outofmemoryerror", "out of memory", "memoryerror", "std::bad_alloc", "cannot allocate memory",
                "can't allocate memory")
+# Rust's (the tokenizers library's) refused allocation, which aborts the process: "memory allocation of 5 bytes
+# failed"
+RUST_OOM = re.compile(r"memory allocation of \d+ bytes failed")
 
 
 def says_out_of_memory(text: str) -> bool:
     """Whether an error message or a log tail says the process ran out of memory."""
     lowered = text.lower()
-    return any(marker in lowered for marker in OOM_MARKERS)
+    return any(marker in lowered for marker in OOM_MARKERS) or RUST_OOM.search(lowered) is not None
 
 
 def raised_out_of_memory(exc: BaseException) -> bool:
