@@ -1,6 +1,7 @@
 """Which GPUs, threads and preloads each trial process gets (optbench/sweep/devices.py): the device logic of the
 CUDA path, as plain functions, so that it is tested here although this machine has no GPU."""
 
+import importlib
 import threading
 import time
 
@@ -9,6 +10,7 @@ import pytest
 from optbench.job.spec import TrialSpec
 from optbench.records.record import Record
 from optbench.sweep.devices import (
+    MODEL_PRELOAD,
     DeviceError,
     check_devices,
     gpu_slots,
@@ -100,11 +102,14 @@ def test_slots_never_put_two_trials_on_one_gpu():
     assert gpu_slots(["0"], 3, 2) == 1
 
 
-def test_bitsandbytes_is_preloaded_only_where_no_gpu_is_visible():
+def test_bitsandbytes_and_the_model_code_are_preloaded_only_where_no_gpu_is_visible():
     base = ("torch",)
-    assert preload_modules(base, True, 0) == ("torch", "bitsandbytes")
-    assert preload_modules(base, True, 1) == base  # its import initialises CUDA: forked children could not use it
-    assert preload_modules(base, False, 0) == base
+    assert preload_modules(base, True, 0) == ("torch", *MODEL_PRELOAD, "bitsandbytes")
+    assert preload_modules(base, True, 1) == base  # their import initialises CUDA: forked children could not use it
+    assert preload_modules(base, False, 0) == ("torch", *MODEL_PRELOAD)
+    assert preload_modules(base, False, 2) == base
+    for name in MODEL_PRELOAD:  # the forkserver skips a preload that does not import: a renamed module would go unseen
+        importlib.import_module(name)
 
 
 

@@ -171,7 +171,7 @@ class LocalExecutor:
     `spec.parallel != "none"` always go through `torchrun`, which starts its own ranks.
     `spec.max_memory_bytes` caps what each trial may add to its address space (RLIMIT_AS). Every child learns
     this process's pid (OPTBENCH_SWEEP_PID) and dies with it, whatever kills it (process/child.py).
-    `uses_bitsandbytes`: preload bitsandbytes into the forkserver where that is safe (process/devices.py).
+    `uses_bitsandbytes`: preload bitsandbytes into the forkserver where that is safe (sweep/devices.py).
     `log_dir`: keep each trial's log there (`trial_log_name`), appended to; by default it goes with the trial.
     """
 
@@ -182,7 +182,7 @@ class LocalExecutor:
         self.startup, self.log_dir = startup, log_dir
         self.echo = sys.stderr.isatty() if echo is None else echo
         self.base_env = dict(os.environ)  # read once, here: every child's environment starts from it
-        self.preload = preload_modules(PRELOAD, uses_bitsandbytes, cuda_device_count() if uses_bitsandbytes else 0)
+        self.preload = preload_modules(PRELOAD, uses_bitsandbytes, cuda_device_count())
         self._context: multiprocessing.context.BaseContext | None = None
         self._lock = threading.Lock()
         self._running: set[_Child] = set()
