@@ -22,9 +22,24 @@ def says_out_of_memory(text: str) -> bool:
     return any(marker in lowered for marker in OOM_MARKERS) or RUST_OOM.search(lowered) is not None
 
 
+def out_of_memory_cause(exc: BaseException) -> BaseException | None:
+    """The out-of-memory failure behind an exception, if any: the exception itself or one in its cause/context
+    chain that is a MemoryError or whose type or message says so. A library may word it as something else:
+    transformers turns a refused allocation while it makes a batch's tensors into "ValueError: Unable to create
+    tensor, you should probably activate truncation and/or padding ..." (raised from it)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, MemoryError) or says_out_of_memory(f"{type(current).__name__}: {current}"):
+            return current
+        current = current.__cause__ or current.__context__
+    return None
+
+
 def raised_out_of_memory(exc: BaseException) -> bool:
-    """Whether an exception is an out-of-memory failure: a MemoryError, or one whose type or message says so."""
-    return isinstance(exc, MemoryError) or says_out_of_memory(f"{type(exc).__name__}: {exc}")
+    """Whether an exception is, or was raised because of, an out-of-memory failure."""
+    return out_of_memory_cause(exc) is not None
 
 
 def under_cap(error: str, cap_bytes: int | None) -> str:

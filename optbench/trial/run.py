@@ -32,7 +32,7 @@ from optbench.job.spec import TrialSpec
 from optbench.optimizers import resolve
 from optbench.probes import bandwidth, measure, stream
 from optbench.records.environment import cpu_name, environment, machine_key
-from optbench.records.oom import raised_out_of_memory, under_cap
+from optbench.records.oom import out_of_memory_cause, under_cap
 from optbench.records.record import Record
 from optbench.trial.describe import (
     describe_bandwidth,
@@ -130,8 +130,10 @@ def run_trial(spec: TrialSpec) -> Record:
     except Diverged as exc:
         record.status, record.error = "diverged", str(exc)
     except Exception as exc:  # noqa: BLE001 - every failure is recorded, the sweep goes on
-        record.status = "oom" if raised_out_of_memory(exc) else "error"
-        record.error = f"{type(exc).__name__}: {exc}"
+        oom = out_of_memory_cause(exc)
+        record.status = "oom" if oom is not None else "error"
+        shown = exc if oom is None else oom  # the refused allocation, not a library's rewording of it
+        record.error = f"{type(shown).__name__}: {shown}"
         if record.status == "oom":
             record.error = under_cap(record.error, spec.max_memory_bytes)
     record.wall_s = time.perf_counter() - start
