@@ -37,11 +37,6 @@ def out_of_memory_cause(exc: BaseException) -> BaseException | None:
     return None
 
 
-def raised_out_of_memory(exc: BaseException) -> bool:
-    """Whether an exception is, or was raised because of, an out-of-memory failure."""
-    return out_of_memory_cause(exc) is not None
-
-
 def under_cap(error: str, cap_bytes: int | None) -> str:
     """An out-of-memory error with the trial's own --max-memory cap named, where it had one: Python's MemoryError
     says nothing ("MemoryError: "), and the cap, not the machine, is usually what ran out."""
