@@ -506,6 +506,31 @@ def roofline_bracketed(folder: str = "roofline-bracketed") -> str:
             f"{'held' if held else 'did not hold'} its speed over the set by that rule{unsteady}")
 
 
+def steadiness_check(path: Path) -> str:
+    """One scripts/steadiness_probe.py check: the processes' medians, their stray and the verdict."""
+    data = json.loads(path.read_text())
+    gbs = [m / 1e9 for m in data["median_bytes_per_s"]]
+    return (f"{data['processes']} processes read {min(gbs):.1f}–{max(gbs):.1f} GB/s, within "
+            f"±{100 * data['stray']:.1f} % of their median: {'steady' if data['steady'] else 'not steady'} by the "
+            f"±{100 * data['tolerance']:.1f} % rule")
+
+
+def roofline_steady() -> str:
+    """reference-results roofline-steady: every steadiness check before the set (refused ones kept), then the
+    bracketed set's outcome, then the check after it."""
+    folder = RESULTS / "roofline-steady"
+    checks = sorted(folder.glob("pre-check-*.json"), key=lambda p: int(p.stem.rsplit("-", 1)[1]))
+    if not checks:
+        return "not measured yet"
+    said = "; ".join(f"check {k + 1}: {steadiness_check(c)}" for k, c in enumerate(checks))
+    said = f"before the set the host was checked {len(checks)} time(s) ({said})"
+    if not (folder / "before.json").is_file():
+        return f"{said}; the set has not run"
+    after = folder / "post-check.json"
+    post = f"; after the set {steadiness_check(after)}" if after.is_file() else "; the check after the set did not run"
+    return f"{said}. Then {roofline_bracketed('roofline-steady')}{post}"
+
+
 def _printed_level(path: Path, working_set_bytes: int) -> tuple[float, str]:
     """(ceiling in bytes/s, slowest passes' share of the fastest in %) of one level in what calibrate-bandwidth
     printed: `       128 MiB: ceiling 35.0 GB/s (200 passes; ...); unsteady: its slowest passes ran at 65% ...`."""
@@ -759,6 +784,7 @@ VALUES: dict[str, Callable[[], str]] = {
     "roofline.read": rooflines_read,
     "roofline.bracketed": roofline_bracketed,
     "roofline.bracketed-2": lambda: roofline_bracketed("roofline-bracketed-2"),
+    "roofline.steady": roofline_steady,
     "roofline.kernel-width": kernel_width,
     "roofline.step-drift": step_drift,
     "roofline.fastest-steps": roofline_fastest_steps,

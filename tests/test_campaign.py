@@ -64,7 +64,8 @@ def test_the_campaign_scripts_say_how_to_call_them():
     for command in (["bash", "scripts/gate-campaign"], [sys.executable, "scripts/slowdown_probe.py"],
                     [sys.executable, "scripts/harness_factors.py", "out.json", "many"],
                     [sys.executable, "scripts/kernel_width_probe.py", "out.json", "many"],
-                    [sys.executable, "scripts/step_drift_probe.py", "out.json", "many"]):
+                    [sys.executable, "scripts/step_drift_probe.py", "out.json", "many"],
+                    [sys.executable, "scripts/steadiness_probe.py", "out.json", "many"]):
         result = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=300)
         assert result.returncode == 2 and result.stderr.strip().startswith("usage:"), result.stderr
 
@@ -86,6 +87,27 @@ def test_the_step_drift_probe_writes_its_blocks(tmp_path):
     assert len(found["blocks"]) == 3 and all(b["step_s"] > 0 and b["forward_backward_s"] > 0 for b in found["blocks"])
     assert found["step_stray"] >= 0 and -1 <= found["step_vs_forward_backward_spearman"] <= 1
     assert found["env"]["git_commit"]
+
+
+def test_the_steadiness_probe_keeps_its_verdict_and_exits_by_it(tmp_path):
+    """scripts/steadiness_probe.py, two processes of two passes: each process's median, their stray from the median
+    of them, and a verdict by the tolerance that the exit status repeats (0 steady, 3 not), whichever it is here."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "check.json"
+    result = subprocess.run([sys.executable, "scripts/steadiness_probe.py", str(out), "2", "2"], cwd=root,
+                            capture_output=True, text=True, timeout=300)
+    found = json.loads(out.read_text())
+    medians = found["median_bytes_per_s"]
+    assert len(medians) == 2 and all(m > 0 for m in medians) and found["env"]["git_commit"]
+    centre = (medians[0] + medians[1]) / 2
+    assert abs(found["stray"] - abs(medians[0] / centre - 1)) < 1e-12
+    assert found["steady"] == (found["stray"] <= found["tolerance"])
+    assert result.returncode == (0 if found["steady"] else 3), result.stderr
 
 
 def test_the_campaign_takes_turns_by_sweep_or_by_trial_and_nothing_else():
