@@ -17,6 +17,8 @@ def files(tmp_path, monkeypatch):
     (tmp_path / "malformed.jsonl").write_text('{"trial_id": "a", "optimizer": \n[1, 2\n')
     append_record(tmp_path / "good.jsonl", Record(trial_id="a", optimizer="adamw", status="ok", workload="tiny"))
     (tmp_path / "empty.csv").write_text("text,label\n")
+    (tmp_path / "zero-bytes.csv").write_text("")
+    (tmp_path / "latin-1.csv").write_bytes("text,label\nd\xe9j\xe0 vu,1\n".encode("latin-1"))
     (tmp_path / "one-class.csv").write_text("text,label\n" + "".join(f"review {i},1\n" for i in range(40)))
     (tmp_path / "not-a-model").mkdir()
     (tmp_path / "empty-folder").mkdir()
@@ -57,6 +59,9 @@ CASES = [
     # run: a model path that is not a model, datasets with no rows or one class, a GPU that is not there
     (RUN + ["--model", "not-a-model"], "not-a-model"),
     (RUN + ["--dataset", "empty.csv"], "cannot read dataset file empty.csv"),
+    # a file datasets cannot read: the reader's fault, not datasets' "An error occurred while generating the dataset"
+    (RUN + ["--dataset", "zero-bytes.csv"], "cannot read dataset file zero-bytes.csv: it is empty (not even a header"),
+    (RUN + ["--dataset", "latin-1.csv"], "latin-1.csv: it is not UTF-8 text (it holds byte 0xe9); save it as UTF-8"),
     (RUN + ["--dataset", "one-class.csv"], "has a single class in 'label'"),
     # a batch larger than the training rows it is drawn from (it would be cut to them, and its samples/s overstated)
     (RUN + ["--batch-size", "100000"], "--batch-size 100000 is more than the 3600 training rows this job has"),

@@ -59,13 +59,28 @@ def _load(source: str) -> datasets.DatasetDict:
         try:
             return datasets.load_dataset(_FILE_BUILDERS[path.suffix.lower()], data_files=str(path))
         except Exception as exc:  # datasets raises many types for a malformed file
-            raise DatasetError(f"cannot read dataset file {source}: {type(exc).__name__}: {exc}") from exc
+            raise DatasetError(f"cannot read dataset file {source}: {_file_fault(exc)}") from exc
     name, _, config = source.partition(":")
     try:
         return datasets.load_dataset(name, config or None)
     except Exception as exc:
         raise DatasetError(f"cannot load dataset '{source}' from the Hugging Face hub "
                            f"({type(exc).__name__}); {OFFLINE_HINT}") from exc
+
+
+def _file_fault(exc: BaseException) -> str:
+    """What is wrong with a file `datasets` could not read. Its own error ("An error occurred while generating the
+    dataset") wraps the reader's, which names the fault: the first error in the chain from outside `datasets`."""
+    chain: list[BaseException] = []
+    while exc is not None and exc not in chain:
+        chain.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    fault = next((e for e in chain if not type(e).__module__.startswith("datasets")), chain[0])
+    if isinstance(fault, UnicodeDecodeError):
+        return f"it is not UTF-8 text (it holds byte {fault.object[fault.start]:#04x}); save it as UTF-8"
+    if type(fault).__name__ == "EmptyDataError":  # pandas: no header line at all
+        return "it is empty (not even a header line)"
+    return f"{type(fault).__name__}: {fault}"
 
 
 def _encode_labels(train: datasets.Dataset, held_out: datasets.Dataset | None, column: str
