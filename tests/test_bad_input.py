@@ -18,6 +18,7 @@ def files(tmp_path, monkeypatch):
     append_record(tmp_path / "good.jsonl", Record(trial_id="a", optimizer="adamw", status="ok", workload="tiny"))
     (tmp_path / "empty.csv").write_text("text,label\n")
     (tmp_path / "zero-bytes.csv").write_text("")
+    (tmp_path / "reviews.csv").write_text("text,label\n" + "".join(f"review {i},{i % 2}\n" for i in range(40)))
     (tmp_path / "latin-1.csv").write_bytes("text,label\nd\xe9j\xe0 vu,1\n".encode("latin-1"))
     (tmp_path / "one-class.csv").write_text("text,label\n" + "".join(f"review {i},1\n" for i in range(40)))
     (tmp_path / "not-a-model").mkdir()
@@ -63,6 +64,10 @@ CASES = [
     (RUN + ["--dataset", "zero-bytes.csv"], "cannot read dataset file zero-bytes.csv: it is empty (not even a header"),
     (RUN + ["--dataset", "latin-1.csv"], "latin-1.csv: it is not UTF-8 text (it holds byte 0xe9); save it as UTF-8"),
     (RUN + ["--dataset", "one-class.csv"], "has a single class in 'label'"),
+    # the text given as labels: one column as both, or a column of text as the classes
+    (RUN + ["--dataset", "reviews.csv", "--label-column", "text"], "--label-column text is the --text-column too"),
+    (RUN + ["--dataset", "reviews.csv", "--text-column", "label", "--label-column", "text"],
+     "'text' in reviews.csv has 40 distinct values in 40 rows: text, not classes"),
     # a batch larger than the training rows it is drawn from (it would be cut to them, and its samples/s overstated)
     (RUN + ["--batch-size", "100000"], "--batch-size 100000 is more than the 3600 training rows this job has"),
     (RUN + ["--workload", "lm", "--batch-size", "100000"], "use --batch-size 14746 or less"),  # blocks of 16

@@ -44,6 +44,9 @@ class DatasetError(ValueError):
     """A dataset that cannot be found, read or used; the message says what to do instead."""
 
 
+# A label column with more distinct values than half its rows is text given as labels: most classes would have one
+# training example (checked from this many rows on, so that a small hand-made file of a few classes still runs).
+MIN_ROWS_FOR_TEXT_CHECK = 10
 _FILE_BUILDERS = {".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 OFFLINE_HINT = "the offline default is the embedded dataset (omit --dataset)"
 
@@ -122,6 +125,15 @@ def load_user_dataset(source: str, text_column: str, label_column: str | None
                                "pick one with --text-column / --label-column")
     if len(train) < 2:
         raise DatasetError(f"dataset {source} has {len(train)} rows; need at least 2")
+    if label_column == text_column:
+        raise DatasetError(f"--label-column {label_column} is the --text-column too: the model would read its label "
+                           "as its input (pick the column that holds the classes)")
+    if label_column and not isinstance(train.features[label_column], datasets.ClassLabel):
+        classes = len(set(map(str, train[label_column])))
+        if len(train) >= MIN_ROWS_FOR_TEXT_CHECK and classes > len(train) / 2:
+            raise DatasetError(f"'{label_column}' in {source} has {classes} distinct values in {len(train)} rows: "
+                               "text, not classes, which no classifier can learn from one example each (pick the "
+                               "column that holds the classes with --label-column)")
     held_out = next((loaded[s] for s in ("validation", "test") if s in loaded), None)
     if label_column and not isinstance(train.features[label_column], datasets.ClassLabel):
         train, held_out = _encode_labels(train, held_out, label_column)
