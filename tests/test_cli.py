@@ -3,6 +3,7 @@ fits a terminal and writes its full report beside the results; a rerun resumes; 
 one line and exit 2."""
 
 import json
+import warnings
 
 import pandas as pd
 import pytest
@@ -168,6 +169,7 @@ def test_a_one_step_job_with_a_seed_given_twice_runs_one_trial_and_says_it_timed
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(records) == 1 and records[0]["status"] == "ok" and records[0]["step_time_median_s"] is None
     assert "no timed step" in next(line for line in result.stdout.splitlines() if "seed=0" in line)
+    assert "optbench: warning: '0,0' gives 0 more than once: each runs once" in result.stderr.splitlines()
 
 
 def test_an_eval_size_past_the_held_out_rows_is_said_and_the_record_counts_the_rows_evaluated(tmp_path):
@@ -204,11 +206,36 @@ def test_a_reader_that_went_away_ends_the_command_with_141_and_no_traceback(args
     assert (tmp_path / "err.txt").read_text() == ""
 
 
-def test_list_options_drop_repeats_and_keep_order():
-    """A seed or an lr given twice would be one trial recorded twice, counted twice in an interval."""
+def test_list_options_drop_repeats_keep_order_and_say_so():
+    """A seed or an lr given twice would be one trial recorded twice, counted twice in an interval: it runs once, and
+    the user who typed it twice is told."""
     from optbench.cli.argtypes import float_list, int_list
 
-    assert int_list("3,1,3,") == [3, 1] and float_list("1e-3,0.001,2e-3") == [1e-3, 2e-3]
+    with pytest.warns(UserWarning, match=r"^'3,1,3,' gives 3 more than once: each runs once$"):
+        assert int_list("3,1,3,") == [3, 1]
+    with pytest.warns(UserWarning, match=r"^'1e-3,0.001,2e-3' gives 0.001 more than once"):
+        assert float_list("1e-3,0.001,2e-3") == [1e-3, 2e-3]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert int_list("0,1,2") == [0, 1, 2]
+
+
+def test_an_optimizer_named_twice_runs_once_and_is_said():
+    """Two spellings of one entry (its name and an HF alias) are one trial per seed, said in one warning."""
+    from optbench.job import planner
+
+    with pytest.warns(UserWarning, match=r"^--optimizers names adafactor more than once \(an alias counts as its "):
+        assert planner.resolve_names(["adafactor", "adamw", "adafactor_hf"]) == ["adafactor", "adamw"]
+
+
+def test_an_eval_interval_past_the_last_step_is_clamped_and_said():
+    from optbench.job import planner
+    from optbench.job.spec import PRESETS
+
+    with pytest.warns(UserWarning, match=r"^--eval-every 500 is more than the 40 steps: the curve is evaluated at "
+                                         r"step 40 only$"):
+        settings = planner.job_settings({"steps": 40, "eval_every": 500}, PRESETS["smoke"])
+    assert settings["eval_every"] == 40
 
 
 def test_a_warning_of_optbench_is_one_line_said_once_however_many_tables_read_it(tmp_path, capfd):

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import argparse
 import math
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Hashable, Iterable
 
 
 def positive_int(text: str) -> int:
@@ -43,13 +44,25 @@ def threshold(text: str) -> float:
     return _number(text.strip().removesuffix("%").strip(), "a finite number >= 0", lambda v: 0 <= v < math.inf)
 
 
+def _once_each(values: Iterable[Hashable], text: str) -> list:
+    """The values in order, a repeat dropped and said: a seed or an lr given twice would record one trial twice and
+    count it twice in an interval (the user who typed it twice is told it ran once)."""
+    values = list(values)
+    kept = list(dict.fromkeys(values))
+    if len(kept) < len(values):
+        repeated = ", ".join(str(v) for v in kept if values.count(v) > 1)
+        warnings.warn(f"'{text}' gives {repeated} more than once: each runs once", stacklevel=2)
+    return kept
+
+
 def int_list(text: str) -> list[int]:
-    """Comma-separated integers, repeats dropped (order kept): a seed given twice would record one trial twice and
-    count it as two seeds in an interval, as `--optimizers` drops a name given twice."""
+    """Comma-separated integers, repeats dropped (order kept) and said, as `--optimizers` drops a name given
+    twice."""
     try:
-        return list(dict.fromkeys(int(part) for part in text.split(",") if part.strip()))
+        values = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got '{text}'") from None
+    return _once_each(values, text)
 
 
 SEED_LIMIT = 2**32  # numpy's legacy seeding, which HF's set_seed calls, takes 0 <= seed < 2**32
@@ -71,7 +84,7 @@ def name_list(text: str) -> list[str]:
 
 def float_list(text: str) -> list[float]:
     """Comma-separated positive numbers (an lr grid), repeats dropped (order kept), as `int_list`."""
-    values = list(dict.fromkeys(positive_float(part) for part in text.split(",") if part.strip()))
+    values = _once_each((positive_float(part) for part in text.split(",") if part.strip()), text)
     if not values:
         raise argparse.ArgumentTypeError(f"expected comma-separated positive numbers, got '{text}'")
     return values

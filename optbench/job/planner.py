@@ -10,6 +10,7 @@ that cannot work, and builds `TrialSpec`s. Pure data, no torch: planning is inst
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -46,9 +47,14 @@ def resolve_names(names: Sequence[str] | None, preset: Preset | None = None) -> 
     if [n.lower() for n in names] == ["all"]:
         names = optimizers.available_names()
     try:
-        resolved = list(dict.fromkeys(optimizers.resolve(name).name for name in names))
+        given = [optimizers.resolve(name).name for name in names]
     except optimizers.UnknownOptimizerError as exc:
         raise PlanError(str(exc)) from None
+    resolved = list(dict.fromkeys(given))
+    if len(resolved) < len(given):
+        repeated = ", ".join(name for name in resolved if given.count(name) > 1)
+        warnings.warn(f"--optimizers names {repeated} more than once (an alias counts as its entry): each runs once",
+                      stacklevel=2)
     if not resolved:
         raise PlanError("--optimizers is empty")
     return resolved
@@ -112,6 +118,10 @@ def job_settings(flags: Mapping[str, Any], preset: Preset) -> dict[str, Any]:
     if flags.get("resume_check") and steps < 2:  # one step has no second half to resume into
         raise PlanError(f"--resume-check saves at the middle step and trains the rest from the checkpoint: it needs "
                         f"--steps 2 or more, got {steps}")
+    eval_every = flags.get("eval_every") or 0
+    if eval_every > steps:
+        warnings.warn(f"--eval-every {eval_every} is more than the {steps} steps: the curve is evaluated at step "
+                      f"{steps} only", stacklevel=2)
     model = flags.get("model")
     settings = dict(
         workload=flags.get("workload") or ("custom" if model else preset.workload), model=model,
@@ -122,7 +132,7 @@ def job_settings(flags: Mapping[str, Any], preset: Preset) -> dict[str, Any]:
         eval_size=flags.get("eval_size") or preset.eval_size, lr=flags.get("lr"),
         timeout_s=flags.get("timeout") or preset.timeout_s, fidelity=bool(flags.get("fidelity")),
         precision=flags.get("precision") or "fp32", schedule=flags.get("schedule") or "linear",
-        eval_every=min(flags.get("eval_every") or 0, steps), target=flags.get("target"),
+        eval_every=min(eval_every, steps), target=flags.get("target"),
         max_memory_bytes=flags.get("max_memory"), resume_check=bool(flags.get("resume_check")),
         state_map_dir=flags.get("state_map_dir"), **_parallel(flags),
     )
