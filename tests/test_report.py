@@ -285,3 +285,24 @@ def test_a_roofline_above_one_is_a_calibration_failure_not_a_percentage(records,
     assert cells["adamw"][column] == "50.0 (calib. fail 1/2)"
     assert cells["adamw8bit"][column] == "calib. fail"
     assert "130" not in markdown and "160" not in markdown
+
+
+def test_a_report_of_one_file_goes_to_its_own_folder_not_the_working_directory(tmp_path, monkeypatch):
+    """`report sweeps/a.jsonl` writes where `run --out sweeps/a.jsonl` wrote (sweeps/a/), not into ./results/, where
+    it would overwrite another sweep's report; several files (or none) still go to results/, and --out-dir wins."""
+    from optbench.__main__ import main
+    from optbench.records.record import append_record
+
+    sweeps, cwd = tmp_path / "sweeps", tmp_path / "elsewhere"
+    sweeps.mkdir()
+    cwd.mkdir()
+    for name in ("a", "b"):
+        append_record(sweeps / f"{name}.jsonl", Record(trial_id=name, optimizer="adamw", status="ok", workload="tiny",
+                                                       model="m", dataset="d", device="cpu", steps=4, state_bytes=1))
+    monkeypatch.chdir(cwd)
+    assert main(["report", str(sweeps / "a.jsonl")]) == 0
+    assert (sweeps / "a" / "report.md").is_file() and not (cwd / "results").exists()
+    assert main(["report", str(sweeps / "a.jsonl"), str(sweeps / "b.jsonl")]) == 0
+    assert (cwd / "results" / "report.md").is_file()
+    assert main(["report", str(sweeps / "b.jsonl"), "--out-dir", str(tmp_path / "mine")]) == 0
+    assert (tmp_path / "mine" / "report.md").is_file() and not (sweeps / "b").exists()

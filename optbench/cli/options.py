@@ -283,8 +283,10 @@ def _add_bandwidth_parser(commands) -> None:
 def _add_report_parser(commands) -> None:
     report = commands.add_parser("report", help="tabulate results files (default: results/*.jsonl)")
     report.add_argument("files", nargs="*", type=Path)
-    report.add_argument("--out-dir", type=Path, default=Path("results"),
-                        help="where report.md, summary.csv and the PNG figures go (default: results/)")
+    report.add_argument("--out-dir", type=Path,
+                        help="where report.md, summary.csv and the PNG figures go (default: one FILE's own folder, "
+                             "FILE without its suffix, where `run --out FILE` writes; several files or none: "
+                             "results/)")
     report.add_argument("--format", choices=["md", "csv", "json", "html"], default="md",
                         help="what is printed (md default); html also writes report.html with the figures")
     report.add_argument("--margin", type=positive_float, help="the difference that matters (see run)")

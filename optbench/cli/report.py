@@ -25,13 +25,24 @@ def report_command(args: argparse.Namespace) -> int:
     records = load_records(files)
     if not records:
         raise UsageError(f"no records in {', '.join(map(str, files))}")
+    out_dir = report_dir(files, args.out_dir)
     try:
-        text, paths = write_report(records, args.out_dir, fmt=args.format, margin=args.margin)
+        text, paths = write_report(records, out_dir, fmt=args.format, margin=args.margin)
     except OSError as exc:
-        raise UsageError(f"cannot write the report into {args.out_dir}: {exc.strerror or exc}") from None
+        raise UsageError(f"cannot write the report into {out_dir}: {exc.strerror or exc}") from None
     print(text, end="" if text.endswith("\n") else "\n")
     print("wrote " + ", ".join(map(str, paths)), file=sys.stderr)
     return exits.OK
+
+
+def report_dir(files: list[Path], given: Path | None) -> Path:
+    """Where the report goes: --out-dir; else one results file's own folder, the one `run --out FILE` writes its
+    report to (a sweep's report must not land in, or overwrite, the working directory's results/); else results/."""
+    if given is not None:
+        return given
+    if len(files) == 1 and files[0].is_file():
+        return files[0].with_suffix("")
+    return Path("results")
 
 
 def with_overrides(limits: Thresholds, args: argparse.Namespace) -> Thresholds:
