@@ -91,6 +91,9 @@ def test_optimizer_kwargs_reach_their_trials_only_and_change_the_trial_id(planne
     (["--optimizers", "sgd", "--optimizer-kwargs", 'sgd={"nosuch": 1}'], "unexpected keyword argument 'nosuch'"),
     (["--optimizers", "sgd", "--optimizer-kwargs", 'sgd={"momentum": -5}'], "Invalid momentum value: -5"),
     (["--optimizer-kwargs", 'adafactor={"nosuch": 1}'], 'for adafactor: {"nosuch": 1} does not build it'),
+    # a value the constructor takes and the step does not: every trial failed at its second step
+    (["--optimizers", "sgd_momentum", "--optimizer-kwargs", 'sgd_momentum={"dampening": "0.1"}'],
+     'for sgd_momentum: {"dampening": "0.1"} does not step it: unsupported operand type'),
 ])
 def test_malformed_optimizer_kwargs_are_a_usage_error(args, message, capsys):
     assert cli.main(["run", "--workload", "tiny", "--device", "cpu", *args]) == 2
@@ -110,6 +113,22 @@ def test_kwargs_are_refused_only_when_the_defaults_build_and_the_kwargs_do_not(m
 
     monkeypatch.setattr(type(spec), "build_for", probe_unsuitable)
     assert optimizers.kwargs_refusal("adamw", {"nosuch": 1}) is None
+
+
+def test_a_step_the_probe_cannot_take_even_without_the_kwargs_refuses_nothing(monkeypatch):
+    """An entry whose step fails over the probe model with its own defaults (a step that needs what a trial sets
+    up) says nothing about the kwargs at step time; their build is still checked."""
+    import torch
+
+    class NeedsTrialSetUp(torch.optim.SGD):
+        def step(self, closure=None):
+            raise RuntimeError("call .train() first")
+
+    spec = optimizers.resolve("sgd_momentum")
+    monkeypatch.setattr(type(spec), "build_for", lambda self, model, **kw: NeedsTrialSetUp(
+        model.parameters(), lr=0.1, **{"momentum": 0.9, **kw}))
+    assert optimizers.kwargs_refusal("sgd_momentum", {"dampening": "0.1"}) is None
+    assert "Invalid momentum value" in optimizers.kwargs_refusal("sgd_momentum", {"momentum": -5})
 
 
 def test_explain_opens_with_the_answer_not_with_library_noise():

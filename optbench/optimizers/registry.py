@@ -106,35 +106,45 @@ def parse_optimizer_kwargs(items: Iterable[str]) -> dict[str, dict[str, Any]]:
     return parsed
 
 
+PROBE_STEPS = 2  # the second step is the first to read state the first one made (SGD's dampening, a moment)
+
+
 def kwargs_refusal(name: str, kwargs: dict[str, Any]) -> str | None:
-    """Why `kwargs` cannot build `name`, found by building it once over a small model, or None.
+    """Why `kwargs` cannot build `name` or take its first steps, found on a small model, or None.
 
     A misspelt keyword or an out-of-range setting (momentum -5) otherwise fails every trial of the sweep, each
-    after loading the model. The entry is built first without the kwargs: where that fails too (the probe model
-    does not suit the entry) the check cannot tell and says nothing, so a sound setting is never refused."""
+    after loading the model; some fail only when stepping (SGD's dampening given as a string, at its second step).
+    The entry is built and stepped first without the kwargs: where that fails too (the probe model does not suit
+    the entry, or its step needs what a trial sets up) the check cannot tell and leaves that stage alone, so a
+    sound setting is never refused."""
     spec = resolve(name)
     if not kwargs or spec.trainer_optim or not spec.available:
         return None
     import torch
 
-    def build(settings: dict[str, Any]) -> Exception | None:
+    def attempt(settings: dict[str, Any], steps: int) -> Exception | None:
         torch.manual_seed(0)
         probe = torch.nn.Sequential(torch.nn.Embedding(64, 32), torch.nn.Linear(32, 32), torch.nn.Linear(32, 2))
         try:
             with warnings.catch_warnings():  # a library's deprecation notice belongs to the trial, not the check
                 warnings.simplefilter("ignore")
-                spec.build_for(probe, **settings)
-        except Exception as exc:  # noqa: BLE001 - any failure of the library's constructor is the answer
+                optimizer = spec.build_for(probe, **settings)
+                for _ in range(steps):
+                    probe(torch.arange(8)).square().mean().backward()
+                    optimizer.step()
+                    optimizer.zero_grad()
+        except Exception as exc:  # noqa: BLE001 - any failure of the library's code is the answer
             return exc
         return None
 
-    if build({}) is not None:
-        return None
-    failure = build(kwargs)
-    if failure is None:
-        return None
-    reason = " ".join(str(failure).split()) or type(failure).__name__
-    return f"--optimizer-kwargs for {spec.name}: {json.dumps(kwargs)} does not build it: {reason}"
+    for steps, done in ((0, "build"), (PROBE_STEPS, "step")):
+        if attempt({}, steps) is not None:
+            return None
+        failure = attempt(kwargs, steps)
+        if failure is not None:
+            reason = " ".join(str(failure).split()) or type(failure).__name__
+            return f"--optimizer-kwargs for {spec.name}: {json.dumps(kwargs)} does not {done} it: {reason}"
+    return None
 
 
 class _NonFinite(ValueError):
