@@ -119,6 +119,20 @@ def test_the_running_line_gives_train_mem_by_the_reports_rule():
     assert "train mem 400 MiB" in summary_line(record)
 
 
+def test_the_running_line_gives_the_resume_checks_outcome():
+    """--resume-check's outcome was in report.md only: the user watching the sweep saw none of it."""
+    from optbench.cli.sweeping import summary_line
+
+    def trial(**resume):
+        return Record(trial_id="t", optimizer="adamw", seed=0, status="ok", wall_s=1.0, state_bytes=0,
+                      target_metric="accuracy", **resume)
+
+    assert "resume" not in summary_line(trial())
+    assert summary_line(trial(resume_status="exact", resume_max_abs_param_diff=0.0)).endswith(", resume exact [1 s]")
+    assert ", resume diverged (max Δparam 0.031) [1 s]" in summary_line(
+        trial(resume_status="diverged", resume_max_abs_param_diff=0.0312))
+
+
 @pytest.mark.parametrize("startup", ["forkserver", "spawn"])
 def test_start_up_is_measured_per_trial(startup):
     record = LocalExecutor(startup=startup, echo=False).run(TrialSpec(optimizer="adamw", **TINY), {})

@@ -194,7 +194,17 @@ def summary_line(record: Record) -> str:
     # a one-step job has no timed step: its only step is the warm-up, which timing leaves out
     step = (f"step {record.step_time_median_s * 1e3:,.0f} ms" if record.step_time_median_s is not None
             else "no timed step")
-    return f"{head} state {_mib(record.state_bytes, 1)}, {memory}, {step}, {score} [{record.wall_s:.0f} s]"
+    said = f"state {_mib(record.state_bytes, 1)}, {memory}, {step}, {score}{_resumed(record)}"
+    return f"{head} {said} [{record.wall_s:.0f} s]"
+
+
+def _resumed(record: Record) -> str:
+    """--resume-check's outcome where the user watches, as the report's resume column says it."""
+    if record.resume_status is None:
+        return ""
+    if record.resume_status == "exact" or record.resume_max_abs_param_diff is None:
+        return f", resume {record.resume_status}"
+    return f", resume {record.resume_status} (max Δparam {record.resume_max_abs_param_diff:.2g})"
 
 
 def _mib(size_bytes: int | None, decimals: int = 0) -> str:
