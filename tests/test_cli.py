@@ -251,3 +251,22 @@ def test_a_warning_of_optbench_is_one_line_said_once_however_many_tables_read_it
     assert main(["report", str(out), "--out-dir", str(tmp_path / "report")]) == 0
     warned = [line for line in capfd.readouterr().err.splitlines() if "ran at lr" in line]
     assert len(warned) == 1 and warned[0].startswith("optbench: warning: adamw ran at lr 0.001 and at lr 0.01"), warned
+
+
+def test_a_dataset_file_edited_under_its_name_is_a_new_trial_not_one_already_ok(tmp_path):
+    """The trial id held the file's name only: rerunning into the same --out after editing the file reported the old
+    rows' trial "already ok" and trained nothing. Now the file's content is in the id and in the job, so the edited
+    file's trial runs and the two contents are two jobs in the report."""
+    data, out = tmp_path / "reviews.csv", tmp_path / "r.jsonl"
+    rows = [f"review {word} {i},{i % 2}" for i in range(60) for word in ("good" if i % 2 else "bad",)]
+    data.write_text("text,label\n" + "\n".join(rows) + "\n")
+    args = ["run", *TINY_ARGS, "--optimizers", "adamw", "--dataset", str(data), "--no-figures", "--out", str(out)]
+    assert optbench(*args).returncode == 0
+    data.write_text("text,label\n" + "\n".join(rows[:50]) + "\n")
+    again = optbench(*args)
+    assert again.returncode == 0, again.stderr
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["status"] for r in records] == ["ok", "ok"]
+    assert records[0]["trial_id"] != records[1]["trial_id"]
+    assert records[0]["dataset_sha256"] != records[1]["dataset_sha256"] and len(records[1]["dataset_sha256"]) == 64
+    assert records[0]["job_key"] != records[1]["job_key"]

@@ -10,9 +10,11 @@ that cannot work, and builds `TrialSpec`s. Pure data, no torch: planning is inst
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from optbench import optimizers
@@ -108,6 +110,14 @@ def _parallel(flags: Mapping[str, Any]) -> dict[str, Any]:
     return {"engine": "native", "parallel": mode, "nproc": nproc or 2}
 
 
+def dataset_fingerprint(dataset: str | None) -> str | None:
+    """The SHA-256 of a local dataset file's bytes; None for no file (the embedded data, an HF dataset name)."""
+    if not dataset or not Path(dataset).is_file():
+        return None
+    with open(dataset, "rb") as data:
+        return hashlib.file_digest(data, "sha256").hexdigest()
+
+
 def job_settings(flags: Mapping[str, Any], preset: Preset) -> dict[str, Any]:
     """TrialSpec settings (all but optimizer, seed and stage) from the job flags, the preset filling the gaps."""
     steps = flags.get("steps") or preset.steps
@@ -126,6 +136,7 @@ def job_settings(flags: Mapping[str, Any], preset: Preset) -> dict[str, Any]:
     settings = dict(
         workload=flags.get("workload") or ("custom" if model else preset.workload), model=model,
         workload_options=workload_options(flags.get("workload_option")), dataset=flags.get("dataset"),
+        dataset_sha256=dataset_fingerprint(flags.get("dataset")),
         text_column=flags.get("text_column") or "text", label_column=flags.get("label_column") or "label",
         device=flags.get("device") or "auto", steps=steps, warmup_steps=warmup,
         batch_size=flags.get("batch_size") or preset.batch_size, seq_len=flags.get("seq_len") or preset.seq_len,

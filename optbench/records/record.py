@@ -58,6 +58,7 @@ class Record:
     workload_options: dict[str, Any] = field(default_factory=dict)  # e.g. the tiny BERT's {"hidden_size": 128}
     model: str = ""
     dataset: str = ""
+    dataset_sha256: str | None = None  # a local dataset file's content (TrialSpec's): None for no file
     seed: int = 0
     device: str = ""
     device_name: str = ""
@@ -251,6 +252,8 @@ def job_key(record: Record) -> dict[str, Any]:
     """The job a record belongs to (JOB_KEY_FIELDS); the device by its type, so cuda:0 and cuda:1 are one job."""
     key = {name: getattr(record, name) for name in JOB_KEY_FIELDS}
     key["device"] = str(record.device).split(":")[0]
+    if record.dataset_sha256:  # two contents of one file are two jobs; keys of records without a file stay as they were
+        key["dataset_sha256"] = record.dataset_sha256
     return key
 
 

@@ -31,7 +31,8 @@ def settings_record(spec: TrialSpec, started_at: float | None = None) -> Record:
     record = Record(
         trial_id=spec.trial_id, optimizer=name, optimizer_kwargs=dict(spec.optimizer_kwargs),
         state_precision=precision, workload=spec.workload, workload_options=dict(spec.workload_options),
-        model=spec.model or spec.workload, dataset=spec.dataset or "embedded-reviews", seed=spec.seed,
+        model=spec.model or spec.workload, dataset=spec.dataset or "embedded-reviews",
+        dataset_sha256=spec.dataset_sha256, seed=spec.seed,
         device=device_kind(spec.device) if spec.device == "auto" else spec.device, steps=spec.steps,
         warmup_steps=spec.warmup_steps, batch_size=spec.batch_size, seq_len=spec.seq_len, eval_size=spec.eval_size,
         lr=lr, schedule=spec.schedule, fidelity=spec.fidelity, started_at=started.isoformat(timespec="seconds"),
