@@ -516,19 +516,27 @@ def steadiness_check(path: Path) -> str:
 
 
 def roofline_steady() -> str:
-    """reference-results roofline-steady: every steadiness check before the set (refused ones kept), then the
-    bracketed set's outcome, then the check after it."""
+    """reference-results roofline-steady: every steadiness check before the set (refused ones kept) and the host
+    they ran on, then the bracketed set's outcome and the check after it, or that the set has not run."""
     folder = RESULTS / "roofline-steady"
-    checks = sorted(folder.glob("pre-check-*.json"), key=lambda p: int(p.stem.rsplit("-", 1)[1]))
-    if not checks:
+    paths = sorted(folder.glob("pre-check-*.json"), key=lambda p: int(p.stem.rsplit("-", 1)[1]))
+    if not paths:
         return "not measured yet"
-    said = "; ".join(f"check {k + 1}: {steadiness_check(c)}" for k, c in enumerate(checks))
-    said = f"before the set the host was checked {len(checks)} time(s) ({said})"
+    checks = [json.loads(p.read_text()) for p in paths]
+    refused = [c for c in checks if not c["steady"]]
+    said = f"the check ran {len(checks)} time(s) on an {_host(checks[0]['env'])} host"
+    if refused:
+        gbs = [m / 1e9 for c in refused for m in c["median_bytes_per_s"]]
+        strays = ", ".join(f"±{100 * c['stray']:.1f}" for c in refused)
+        said += (f"; {len(refused)} found it not steady, their processes straying {strays} % from their median "
+                 f"({min(gbs):.1f}–{max(gbs):.1f} GB/s in all) against the ±{100 * refused[0]['tolerance']:.1f} % "
+                 "rule")
     if not (folder / "before.json").is_file():
-        return f"{said}; the set has not run"
+        return f"{said}; so the set has not run"
     after = folder / "post-check.json"
     post = f"; after the set {steadiness_check(after)}" if after.is_file() else "; the check after the set did not run"
-    return f"{said}. Then {roofline_bracketed('roofline-steady')}{post}"
+    return (f"{said}; the last: {steadiness_check(paths[-1])}, and the set ran: "
+            f"{roofline_bracketed('roofline-steady')}{post}")
 
 
 def _printed_level(path: Path, working_set_bytes: int) -> tuple[float, str]:
