@@ -64,6 +64,8 @@ CASES = [
     (RUN + ["--dataset", "zero-bytes.csv"], "cannot read dataset file zero-bytes.csv: it is empty (not even a header"),
     (RUN + ["--dataset", "latin-1.csv"], "latin-1.csv: it is not UTF-8 text (it holds byte 0xe9); save it as UTF-8"),
     (RUN + ["--dataset", "one-class.csv"], "has a single class in 'label'"),
+    # a width BERT cannot build (the rule read "<= 32 or a multiple of 32, got -5", which -5 is)
+    (RUN + ["--workload-option", "hidden_size=-5"], "hidden_size must be a positive whole number, at most 32 or a"),
     # the text given as labels: one column as both, or a column of text as the classes
     (RUN + ["--dataset", "reviews.csv", "--label-column", "text"], "--label-column text is the --text-column too"),
     (RUN + ["--dataset", "reviews.csv", "--text-column", "label", "--label-column", "text"],

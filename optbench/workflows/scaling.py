@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from optbench.job.spec import Preset, TrialSpec
 from optbench.report import scaling
+from optbench.workloads.classify import TINY_WIDTH_RULE, tiny_width_ok
 
 if TYPE_CHECKING:
     from optbench.records.record import Record
@@ -31,10 +32,9 @@ SCALE_OUT = Path("results") / "scaling.jsonl"
 def across_widths(specs: Iterable[TrialSpec], widths: Sequence[int] = SCALE_WIDTHS) -> list[TrialSpec]:
     """Each spec once per width (`workload_options["hidden_size"]`), smallest width first so an interrupted sweep
     already spans every optimizer at the small sizes. Raises ValueError on widths BERT cannot build."""
-    bad = [w for w in widths if w <= 0 or (w > 32 and w % 32)]
-    if bad or len(set(widths)) < 2:
-        raise ValueError(f"--widths needs at least two distinct hidden widths, each <= 32 or a multiple of 32 "
-                         f"(attention heads are 32 wide); got {','.join(map(str, widths))}")
+    if not all(map(tiny_width_ok, widths)) or len(set(widths)) < 2:
+        raise ValueError(f"--widths needs at least two distinct hidden widths, each {TINY_WIDTH_RULE}; got "
+                         f"{','.join(map(str, widths))}")
     specs = list(specs)
     return [dataclasses.replace(spec, workload="tiny", workload_options={**spec.workload_options, "hidden_size": width})
             for width in sorted(widths) for spec in specs]

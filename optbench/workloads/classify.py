@@ -50,12 +50,20 @@ def tiny_bert_config(hidden_size: int = TINY_HIDDEN_SIZE, num_labels: int = 3, v
                       max_position_embeddings=512, num_labels=num_labels)
 
 
+TINY_WIDTH_RULE = "a positive whole number, at most 32 or a multiple of 32 (attention heads are 32 wide)"
+
+
+def tiny_width_ok(width: object) -> bool:
+    """Whether the tiny BERT builds at this hidden width: heads are 32 wide, so a width above 32 must be a multiple
+    of 32 (the one rule for a trial's `hidden_size` and for the scaling sweep's `--widths`)."""
+    return isinstance(width, int) and not isinstance(width, bool) and width > 0 and (width <= 32 or width % 32 == 0)
+
+
 def tiny_width(spec: TrialSpec) -> int:
-    """The tiny BERT's hidden width: `workload_options["hidden_size"]` (the scaling sweep's widths) or the default.
-    Attention heads are 32 wide, so a width above 32 must be a multiple of 32."""
+    """The tiny BERT's hidden width: `workload_options["hidden_size"]` (the scaling sweep's widths) or the default."""
     width = spec.workload_options.get("hidden_size", TINY_HIDDEN_SIZE)
-    if not isinstance(width, int) or isinstance(width, bool) or width <= 0 or (width > 32 and width % 32):
-        raise WorkloadError(f"hidden_size must be a whole number <= 32 or a multiple of 32, got {width!r}")
+    if not tiny_width_ok(width):
+        raise WorkloadError(f"hidden_size must be {TINY_WIDTH_RULE}, got {width!r}")
     return width
 
 
