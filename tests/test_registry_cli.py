@@ -95,7 +95,8 @@ def test_optimizer_kwargs_reach_their_trials_only_and_change_the_trial_id(planne
     (["--optimizers", "sgd_momentum", "--optimizer-kwargs", 'sgd_momentum={"dampening": "0.1"}'],
      'for sgd_momentum: {"dampening": "0.1"} does not step it: unsupported operand type'),
 ])
-def test_malformed_optimizer_kwargs_are_a_usage_error(args, message, capsys):
+def test_malformed_optimizer_kwargs_are_a_usage_error(args, message, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # where a kwargs check that let one through would write its sweep
     assert cli.main(["run", "--workload", "tiny", "--device", "cpu", *args]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("optbench: error:") and message in err[0]
