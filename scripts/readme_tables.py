@@ -539,6 +539,31 @@ def roofline_steady() -> str:
             f"{roofline_bracketed('roofline-steady')}{post}")
 
 
+def roofline_paired() -> str:
+    """reference-results roofline-paired: five fused-AdamW trials with --paired-probe, each step against the stream
+    kernel's pass right after it (the trial's median share), and the same trials against the calibrated ceiling."""
+    folder = RESULTS / "roofline-paired"
+    records = folder / "roofline.jsonl"
+    if not records.is_file():
+        return "not measured yet"
+    ok = [r for r in read_records(records) if r.status == "ok" and r.paired_roofline_fraction is not None]
+    if not ok:
+        raise NotMeasured("a trial with a paired share in roofline-paired/roofline.jsonl")
+    shares = [100 * r.paired_roofline_fraction for r in ok]
+    stray = stray_from_median(shares)
+    passes = [b / 1e9 for r in ok for b in r.paired_probe_bytes_per_s]
+    from optbench.probes import bandwidth
+
+    steady_before = (folder / "before.json").is_file() and bandwidth.read(folder / "before.json").steady
+    unsteady = "" if steady_before else " (itself unsteady: kept with --keep-unsteady)"
+    return (f"each step against the pass after it: {min(shares):.1f}–{max(shares):.1f} % over {len(ok)} trials, each "
+            f"within ±{100 * stray:.1f} % of their median "
+            f"({'within' if stray <= ROOFLINE_AGREEMENT else 'outside'} the ±{100 * ROOFLINE_AGREEMENT:.0f} % they "
+            f"must agree to){'; ABOVE 100 %' if max(shares) > 100 else ''}, while the passes themselves read "
+            f"{min(passes):.1f}–{max(passes):.1f} GB/s. The same trials against the calibration"
+            f"{unsteady}: {roofline_bracketed('roofline-paired')}")
+
+
 def _printed_level(path: Path, working_set_bytes: int) -> tuple[float, str]:
     """(ceiling in bytes/s, slowest passes' share of the fastest in %) of one level in what calibrate-bandwidth
     printed: `       128 MiB: ceiling 35.0 GB/s (200 passes; ...); unsteady: its slowest passes ran at 65% ...`."""
@@ -793,6 +818,7 @@ VALUES: dict[str, Callable[[], str]] = {
     "roofline.bracketed": roofline_bracketed,
     "roofline.bracketed-2": lambda: roofline_bracketed("roofline-bracketed-2"),
     "roofline.steady": roofline_steady,
+    "roofline.paired": roofline_paired,
     "roofline.kernel-width": kernel_width,
     "roofline.step-drift": step_drift,
     "roofline.fastest-steps": roofline_fastest_steps,

@@ -115,6 +115,11 @@ def _add_job_definition(job) -> None:
                           "(repeatable)")
     job.add_argument("--fidelity", action="store_true",
                      help="also step a shadow fp32 AdamW; record update cosine / rel. error (inflates memory)")
+    job.add_argument("--paired-probe", action="store_true",
+                     help="time the stream kernel right after every optimizer step, over operands the size of the "
+                          "model's weights: each step's bandwidth against the machine's at that moment (the record's "
+                          "paired_roofline_fraction; native loop, one process; the operands add 4x the weights to "
+                          "the process, outside the training-memory figures)")
     job.add_argument("--resume-check", action="store_true",
                      help="save a checkpoint at the middle step, resume in fresh objects, compare with the "
                           "uninterrupted run: checkpoint MiB, save/load s, resume status (native: torch.save, "

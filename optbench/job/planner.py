@@ -25,7 +25,7 @@ from optbench.job.spec import PRESETS, STUDY_BUDGETS, Preset, StudyBudget, Trial
 JOB_FLAGS = ("workload", "workload_option", "model", "dataset", "text_column", "label_column", "steps", "warmup_steps",
              "batch_size", "seq_len", "eval_size", "eval_every", "target", "lr", "schedule", "precision", "engine",
              "parallel", "nproc", "device", "timeout", "max_memory", "optimizer_kwargs", "fidelity", "resume_check",
-             "jobs", "executor", "slurm_partition", "slurm_time", "gpus_per_trial", "slurm_account",
+             "paired_probe", "jobs", "executor", "slurm_partition", "slurm_time", "gpus_per_trial", "slurm_account",
              "slurm_max_running", "slurm_pending_timeout", "slurm_option")
 
 
@@ -92,6 +92,8 @@ def workload_options(items: Sequence[str] | None) -> dict[str, Any]:
 def _parallel(flags: Mapping[str, Any]) -> dict[str, Any]:
     """engine, parallel and nproc; a parallel mode runs the native loop under torchrun on GPUs 0..N-1."""
     mode, nproc, engine = flags.get("parallel") or "none", flags.get("nproc"), flags.get("engine") or "native"
+    if flags.get("paired_probe") and (engine != "native" or mode != "none"):
+        raise PlanError("--paired-probe times its pass in the native loop of one process; drop --engine / --parallel")
     if flags.get("resume_check") and engine not in ("native", "trainer"):
         raise PlanError(f"--resume-check runs with the native loop (and its --parallel modes) or Trainer; "
                         f"drop --engine {engine}")
@@ -142,6 +144,7 @@ def job_settings(flags: Mapping[str, Any], preset: Preset) -> dict[str, Any]:
         batch_size=flags.get("batch_size") or preset.batch_size, seq_len=flags.get("seq_len") or preset.seq_len,
         eval_size=flags.get("eval_size") or preset.eval_size, lr=flags.get("lr"),
         timeout_s=flags.get("timeout") or preset.timeout_s, fidelity=bool(flags.get("fidelity")),
+        paired_probe=bool(flags.get("paired_probe")),
         precision=flags.get("precision") or "fp32", schedule=flags.get("schedule") or "linear",
         eval_every=min(eval_every, steps), target=flags.get("target"),
         max_memory_bytes=flags.get("max_memory"), resume_check=bool(flags.get("resume_check")),

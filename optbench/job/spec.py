@@ -77,7 +77,7 @@ PRECISIONS = ("fp32", "bf16-autocast", "fp16-autocast", "bf16")  # see optbench/
 SCHEDULES = ("linear", "constant", "cosine", "wsd")  # see optbench/trial/schedules.py; linear is HF Trainer's default
 _NOT_IN_ID = ("timeout_s", "max_memory_bytes", "state_map_dir", "lr_source")
 _LATER_FIELDS = ("stage", "val_fraction", "precision", "eval_every", "target", "engine", "parallel", "nproc",
-                 "workload_options", "resume_check", "dataset_sha256")
+                 "workload_options", "resume_check", "dataset_sha256", "paired_probe")
 
 
 @dataclass(frozen=True)
@@ -122,6 +122,7 @@ class TrialSpec:
     # A local dataset file's content (planner.dataset_fingerprint): the file edited under the same name is another
     # trial, never one "already ok" from the rows it held before. None: the embedded data or an HF dataset name.
     dataset_sha256: str | None = None
+    paired_probe: bool = False  # time the stream kernel after every optimizer step (optbench/probes/paired.py)
 
     @property
     def trial_id(self) -> str:

@@ -91,6 +91,7 @@ class StepSamples:
     warmup_steps: int
     step_times: list[float] = field(default_factory=list)
     optimizer_times: list[float] = field(default_factory=list)
+    timed_steps: list[int] = field(default_factory=list)  # the step index of each timed sample (--paired-probe)
     skipped_steps: list[int] = field(default_factory=list)
     first_step_s: float | None = None
     first_stepped: int | None = None
@@ -102,6 +103,7 @@ class StepSamples:
         elif role == "timed":
             self.step_times.append(step_s)
             self.optimizer_times.append(optimizer_s)
+            self.timed_steps.append(step)
         elif role == "skipped":
             self.skipped_steps.append(step)
 

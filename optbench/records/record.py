@@ -179,6 +179,10 @@ class Record:
     # a record from before the stream kernel (schema < 4): its ratio over a triad's bandwidth, which the fused AdamW
     # step outstreams, so no roofline (it read up to 1.73); kept as measured (upgrade.py)
     triad_roofline_fraction: float | None = None
+    # --paired-probe (probes/paired.py): the stream kernel's bandwidth right after each timed step, and the median
+    # over those steps of the step's traffic / time / that bandwidth: the step against the machine at that moment
+    paired_probe_bytes_per_s: list[float] = field(default_factory=list)
+    paired_roofline_fraction: float | None = None
     paged: bool | None = None  # None: not a paged optimizer; False: asked for paging, fell back (why in paged_reason)
     paged_reason: str | None = None
     # per-step samples after warm-up (seconds), so `compare` can test against the distribution

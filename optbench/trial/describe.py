@@ -88,6 +88,9 @@ def describe_training(record: Record, result: EngineResult, optimizer: Any, entr
         record.update_cosine_curve, record.update_rel_error_curve = result.fidelity.cosines, result.fidelity.rel_errors
         record.update_cosine_median = median_of(result.fidelity.cosines)
         record.update_rel_error_median = median_of(result.fidelity.rel_errors)
+    if result.paired is not None:
+        record.paired_probe_bytes_per_s, record.paired_roofline_fraction = result.paired.paired(
+            result.samples, record.optimizer_step_traffic_bytes)
 
 
 def describe_final_loss(record: Record) -> None:

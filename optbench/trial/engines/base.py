@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from optbench.optimizers import OptimizerSpec
     from optbench.probes.fidelity import UpdateFidelity
     from optbench.probes.measure import MemoryWindow
+    from optbench.probes.paired import PairedStream
     from optbench.probes.timing import StepSamples
     from optbench.records.record import Record
     from optbench.trial.precision import Precision
@@ -89,6 +90,7 @@ class EngineResult:
     samples: StepSamples  # the step times by role: first step, warm-up, timed, skipped
     resume: Any = None  # the engine's resume check under --resume-check: the trial finishes it after describing
     fidelity: UpdateFidelity | None = None  # --fidelity: the update-fidelity probe, its curves filled
+    paired: PairedStream | None = None  # --paired-probe: the stream kernel's pass after each step
 
 
 class StepHook(Protocol):
@@ -142,5 +144,6 @@ class StepLog:
         with self.memory.paused():
             return evaluate(self.s, self.curve_split)[self.record.target_metric]
 
-    def result(self, memory: MemoryWindow, resume: Any = None, fidelity: UpdateFidelity | None = None) -> EngineResult:
-        return EngineResult(memory=memory, samples=self.samples, resume=resume, fidelity=fidelity)
+    def result(self, memory: MemoryWindow, resume: Any = None, fidelity: UpdateFidelity | None = None,
+               paired: PairedStream | None = None) -> EngineResult:
+        return EngineResult(memory=memory, samples=self.samples, resume=resume, fidelity=fidelity, paired=paired)

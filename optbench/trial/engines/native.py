@@ -29,11 +29,14 @@ if TYPE_CHECKING:
 
 def train(s: Setup, record: Record) -> EngineResult:
     from optbench.probes.fidelity import UpdateFidelity
+    from optbench.probes.paired import PairedStream
 
     spec = s.spec
     # Built before the baseline so its fixed buffers (parameter snapshot + shadow parameters) sit in it;
     # the shadow's moments appear lazily on its first step and do land in the peaks: hence `fidelity`.
     probe = UpdateFidelity(s.optimizer) if spec.fidelity else None
+    # --paired-probe: its operands before the baseline too, so that the training-memory figures do not carry them
+    paired = PairedStream.for_model(s.model, s.device) if spec.paired_probe else None
     check = ResumeCheck.if_asked(s, record)
     warm_up(s)
     memory = measure.MemoryWindow(s.device)
@@ -42,9 +45,11 @@ def train(s: Setup, record: Record) -> EngineResult:
     for sample in timed_steps(s, probe=probe, memory=memory):
         progress.update(1)
         progress.set_postfix(loss=f"{sample.loss:.3f}", refresh=False)
+        if paired is not None and sample.stepped:
+            paired.after_step(sample.step)  # after the step's timed intervals, before the next step
         log.after_step(sample.step, sample.step_s, sample.optimizer_s, sample.loss, sample.stepped)
     progress.close()
-    return log.result(memory, resume=check, fidelity=probe)
+    return log.result(memory, resume=check, fidelity=probe, paired=paired)
 
 
 def _progress(spec, record: Record):
