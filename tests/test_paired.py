@@ -56,3 +56,11 @@ def test_a_trial_without_the_probe_records_none():
 def test_the_probe_runs_in_the_native_loop_of_one_process_only(flags):
     with pytest.raises(planner.PlanError, match="--paired-probe times its pass in the native loop of one process"):
         planner.job_settings({"paired_probe": True, **flags}, PRESETS["smoke"])
+
+
+def test_the_report_shows_the_paired_share_in_percent():
+    from optbench.records.record import Record
+    from optbench.report import metrics
+
+    assert metrics.record_values(Record(paired_roofline_fraction=0.9))["paired_roofline_pct"] == pytest.approx(90)
+    assert metrics.record_values(Record())["paired_roofline_pct"] is None
