@@ -148,13 +148,28 @@ def test_trial_past_its_timeout_is_a_timeout_record_and_the_sweep_goes_on(tmp_pa
     assert [r.status for r in read_records(out)] == ["timeout", "ok"]
 
 
-def test_out_of_memory_on_cpu_is_an_oom_record_and_the_next_trial_runs(tmp_path):
-    # 64 MiB on top of the loaded libraries cannot hold batch 256 x seq 128 activations.
-    hungry = TrialSpec(optimizer="adamw", max_memory_bytes=64 * 2**20, **{**TINY, "batch_size": 256, "seq_len": 128})
+def test_out_of_memory_on_cpu_is_an_oom_record_and_the_next_trial_runs(tmp_path, monkeypatch):
+    # 64 MiB on top of the loaded libraries cannot hold batch 256 x seq 128 activations. RUST_BACKTRACE=1 (as on the
+    # machine this runs on): with it the tokenizer's allocation failure hung about one trial in 6-10 (cap_memory);
+    # the short timeout makes such a hang cost two minutes, not fifteen.
+    monkeypatch.setenv("RUST_BACKTRACE", "1")
+    hungry = TrialSpec(optimizer="adamw", max_memory_bytes=64 * 2**20, timeout_s=120,
+                       **{**TINY, "batch_size": 256, "seq_len": 128})
     assert hungry.trial_id == TrialSpec(optimizer="adamw", **{**TINY, "batch_size": 256, "seq_len": 128}).trial_id
     records = run_sweep([hungry, TrialSpec(optimizer="adafactor", **TINY)], tmp_path / "r.jsonl")
     assert [r.status for r in records] == ["oom", "ok"], [r.error for r in records]
     assert "under the trial's --max-memory cap of 64 MiB" in records[0].error  # it read "MemoryError: "
+
+
+def test_a_capped_trial_asks_rust_for_no_backtrace():
+    """Under the cap, Rust's allocation-failure hook capturing a backtrace fails to allocate again and waits on its own
+    lock forever (py-spy: tokenizers' default_alloc_error_hook -> backtrace::lock, inside a symbolize callback)."""
+    code = ("import os, torch; from optbench.sweep.child import cap_memory; cap_memory(torch.device('cpu'), 2**30); "
+            "print([os.environ.get(n) for n in ('RUST_BACKTRACE', 'RUST_LIB_BACKTRACE')])")
+    env = {**os.environ, "RUST_BACKTRACE": "1", "RUST_LIB_BACKTRACE": "full"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[None, None]"
 
 
 @pytest.mark.cuda

@@ -100,6 +100,9 @@ def _sweep_pid() -> int | None:
     return int(text) if text.isdigit() else None
 
 
+RUST_BACKTRACE_ENV = ("RUST_BACKTRACE", "RUST_LIB_BACKTRACE")
+
+
 def cap_memory(device: Any, max_memory_bytes: int) -> None:
     """Past `max_memory_bytes` the trial's allocations fail, so it is recorded `oom` instead of swapping.
 
@@ -114,6 +117,11 @@ def cap_memory(device: Any, max_memory_bytes: int) -> None:
         total = torch.cuda.get_device_properties(index).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, max_memory_bytes / total), index)
         return
+    # Rust's allocation-failure hook (tokenizers) prints a backtrace where RUST_BACKTRACE asks for one; capturing it
+    # allocates, fails again under the cap, and the nested hook waits forever on the backtrace lock the first holds:
+    # the trial hung until its timeout instead of ending `oom` (one tiny trial in 6-10 with RUST_BACKTRACE=1).
+    for name in RUST_BACKTRACE_ENV:
+        os.environ.pop(name, None)
     limit = address_space_bytes() + max_memory_bytes
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
