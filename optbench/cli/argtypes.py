@@ -45,13 +45,12 @@ def threshold(text: str) -> float:
 
 
 def _once_each(values: Iterable[Hashable], text: str) -> list:
-    """The values in order, a repeat dropped and said: a seed or an lr given twice would record one trial twice and
-    count it twice in an interval (the user who typed it twice is told it ran once)."""
-    values = list(values)
-    kept = list(dict.fromkeys(values))
-    if len(kept) < len(values):
-        repeated = ", ".join(str(v) for v in kept if values.count(v) > 1)
-        warnings.warn(f"'{text}' gives {repeated} more than once: each runs once", stacklevel=2)
+    """The values in order, a repeat dropped and said (planner.once_each)."""
+    from optbench.job.planner import once_each
+
+    kept, repeated = once_each(list(values))
+    if repeated:
+        warnings.warn(f"'{text}' gives {', '.join(map(str, repeated))} more than once: each runs once", stacklevel=2)
     return kept
 
 

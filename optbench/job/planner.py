@@ -41,6 +41,13 @@ class Plan:
     unavailable: list[tuple[TrialSpec, str]]
 
 
+def once_each(values: Sequence[Any]) -> tuple[list[Any], list[Any]]:
+    """(the values in order with each repeat dropped, the values that were repeated): a seed, an lr or an optimizer
+    given twice would record one trial twice and count it twice in an interval, so it runs once and is said."""
+    kept = list(dict.fromkeys(values))
+    return kept, [value for value in kept if values.count(value) > 1]
+
+
 def resolve_names(names: Sequence[str] | None, preset: Preset | None = None) -> list[str]:
     """Registry names for `names` (aliases folded, duplicates dropped, order kept); `all`: every available entry;
     None: the preset's optimizers, or the registry's default three."""
@@ -52,11 +59,10 @@ def resolve_names(names: Sequence[str] | None, preset: Preset | None = None) -> 
         given = [optimizers.resolve(name).name for name in names]
     except optimizers.UnknownOptimizerError as exc:
         raise PlanError(str(exc)) from None
-    resolved = list(dict.fromkeys(given))
-    if len(resolved) < len(given):
-        repeated = ", ".join(name for name in resolved if given.count(name) > 1)
-        warnings.warn(f"--optimizers names {repeated} more than once (an alias counts as its entry): each runs once",
-                      stacklevel=2)
+    resolved, repeated = once_each(given)
+    if repeated:
+        warnings.warn(f"--optimizers names {', '.join(repeated)} more than once (an alias counts as its entry): each "
+                      "runs once", stacklevel=2)
     if not resolved:
         raise PlanError("--optimizers is empty")
     return resolved
