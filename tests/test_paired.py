@@ -33,8 +33,8 @@ def test_a_pass_moves_seven_times_its_operand_and_keeps_the_values_finite():
     probe = PairedStream(torch.device("cpu"), 4 * 2**20)
     for step in range(3):
         probe.after_step(step)
-    assert probe.moved_bytes == 7 * 4 * 2**20 and sorted(probe.bytes_per_s) == [0, 1, 2]
-    assert all(b > 0 for b in probe.bytes_per_s.values()) and torch.isfinite(probe.weights).all()
+    assert probe.kernel.moved_bytes == 7 * 4 * 2**20 and sorted(probe.bytes_per_s) == [0, 1, 2]
+    assert all(b > 0 for b in probe.bytes_per_s.values()) and torch.isfinite(probe.kernel.weights).all()
 
 
 def test_a_trial_with_the_probe_records_a_pass_per_timed_step_and_a_share():

@@ -23,26 +23,18 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from optbench.probes.stream import PASS_BYTES_PER_OPERAND
-from optbench.probes.timing import StepTimer
+from optbench.probes.stream import FP32_BYTES, StreamKernel
 
 if TYPE_CHECKING:
     from optbench.probes.timing import StepSamples
 
-FP32_BYTES = 4
-
 
 class PairedStream:
-    """One fused AdamW update over four fp32 operands of `operand_bytes` each, timed after each stepped step."""
+    """The stream kernel (probes/stream.py StreamKernel) over operands of `operand_bytes` each, one pass timed
+    after each stepped step."""
 
     def __init__(self, device: torch.device, operand_bytes: int) -> None:
-        self.device = device
-        self.weights = torch.nn.Parameter(torch.ones(max(1, operand_bytes // FP32_BYTES), device=device))
-        self.weights.grad = torch.full_like(self.weights, 1e-3)
-        # a tiny lr keeps the values finite over any number of passes
-        self.update = torch.optim.AdamW([self.weights], lr=1e-12, weight_decay=0.0, fused=True)
-        self.update.step()  # untimed: creates the two moments and pages every operand in
-        self.moved_bytes = PASS_BYTES_PER_OPERAND * self.weights.nbytes
+        self.kernel = StreamKernel(device, operand_bytes)
         self.bytes_per_s: dict[int, float] = {}
 
     @classmethod
@@ -53,13 +45,9 @@ class PairedStream:
 
     def after_step(self, step: int) -> None:
         """Time one pass, right after step `step`'s optimizer step (outside the step's timed intervals)."""
-        timer = StepTimer(self.device)
-        timer.mark("start")
-        self.update.step()
-        timer.mark("end")
-        seconds = timer.seconds("start", "end")
+        seconds = self.kernel.pass_seconds()
         if seconds > 0:
-            self.bytes_per_s[step] = self.moved_bytes / seconds
+            self.bytes_per_s[step] = self.kernel.moved_bytes / seconds
 
     def paired(self, samples: StepSamples, traffic_bytes: int | None) -> tuple[list[float], float | None]:
         """(the pass's bandwidth after each timed step, in the samples' order; the median over those steps of the

@@ -52,6 +52,7 @@ MIN_CUDA_BANDWIDTH_OPERAND_BYTES = 16 * 2**20  # below this a reading says more 
 KERNEL = "fused-adamw"  # what a calibration file says it measured with (files without the field: "triad")
 OPERANDS = 4  # param, grad, exp_avg, exp_avg_sq: the working set is OPERANDS x one operand
 PASS_BYTES_PER_OPERAND = 7  # bytes a pass moves per operand byte: four operands read, three written
+FP32_BYTES = 4
 
 
 def bandwidth_buffer_bytes(device: torch.device, room_bytes: int | None = None) -> int:
@@ -109,32 +110,47 @@ def warm_up_clocks(device: torch.device, work: Any, warm_up_s: float = CUDA_WARM
     return passes + 1
 
 
+class StreamKernel:
+    """The stream kernel's operands and one timed pass over them: torch's fused AdamW update, in place, over four
+    fp32 operands of `operand_bytes` each (a parameter of ones, a 1e-3 gradient and the two moments). The lr is tiny
+    so that the values stay finite over any number of passes; the untimed first pass creates the moments, pages
+    every operand in and warms the kernel. Bytes are counted as a step's are (optimizers/base.py: weights read and
+    written, gradients read, two moments read and written: 7 x the operand size; in place, so no write-allocate
+    traffic goes uncounted). Shared by the calibration's samples and `--paired-probe` (probes/paired.py), so both
+    time the same work."""
+
+    def __init__(self, device: torch.device, operand_bytes: int) -> None:
+        self.device = device
+        self.weights = torch.nn.Parameter(
+            torch.ones(max(1, operand_bytes // FP32_BYTES), dtype=torch.float32, device=device))
+        self.weights.grad = torch.full_like(self.weights, 1e-3)
+        self.update = torch.optim.AdamW([self.weights], lr=1e-12, weight_decay=0.0, fused=True)
+        self.update.step()  # untimed: creates the two moments, pages every operand in, warms the kernel
+        self.moved_bytes = PASS_BYTES_PER_OPERAND * self.weights.nbytes
+
+    def pass_seconds(self) -> float:
+        """One pass, timed (CUDA: with events)."""
+        timer = StepTimer(self.device)
+        timer.mark("start")
+        self.update.step()
+        timer.mark("end")
+        return timer.seconds("start", "end")
+
+
 def stream_bandwidth_samples(device: torch.device, samples: int = 5, operand_bytes: int | None = None) -> list[float]:
-    """The device's memory bandwidth as an optimizer step moves it: torch's fused AdamW update over four fp32
-    operands of `operand_bytes` each (default: ones that dwarf the caches, bandwidth_buffer_bytes), bytes counted
-    as the step's are (optimizers/base.py: weights read and written, gradients read, two moments read and written:
-    7 x the operand size; in place, so no write-allocate traffic goes uncounted), one sample per pass after one
-    untimed pass, with torch's current thread count. The lr is tiny so that the values stay finite over any number
-    of passes. CUDA passes are timed with events; no samples where the memory left is too small for a meaningful
-    buffer."""
+    """The device's memory bandwidth as an optimizer step moves it: one sample per pass of the stream kernel
+    (StreamKernel) over operands of `operand_bytes` each (default: ones that dwarf the caches,
+    bandwidth_buffer_bytes), with torch's current thread count, CUDA's SM clock warmed up first. No samples where
+    the memory left is too small for a meaningful buffer."""
     room = cuda_room_bytes(device) if device.type == "cuda" else None
     nbytes = bandwidth_buffer_bytes(device, room) if operand_bytes is None else operand_bytes
     if device.type == "cuda" and (nbytes < MIN_CUDA_BANDWIDTH_OPERAND_BYTES or (OPERANDS + 1) * nbytes > (room or 0)):
         return []
-    weights = torch.nn.Parameter(torch.ones(nbytes // 4, dtype=torch.float32, device=device))
-    weights.grad = torch.full_like(weights, 1e-3)
-    update = torch.optim.AdamW([weights], lr=1e-12, weight_decay=0.0, fused=True)
-    update.step()  # untimed: creates the two moments, pages every operand in, warms the kernel
-    warm_up_clocks(device, update.step)  # CUDA: the SM clock up from idle first
-    times = []
-    for _ in range(samples):
-        timer = StepTimer(device)
-        timer.mark("start")
-        update.step()
-        timer.mark("end")
-        times.append(timer.seconds("start", "end"))
-    moved_bytes = PASS_BYTES_PER_OPERAND * weights.nbytes
-    del update, weights  # freed by reference count: no garbage collection needed, only the heap trimmed
+    kernel = StreamKernel(device, nbytes)
+    warm_up_clocks(device, kernel.update.step)  # CUDA: the SM clock up from idle first
+    times = [kernel.pass_seconds() for _ in range(samples)]
+    moved_bytes = kernel.moved_bytes
+    del kernel  # freed by reference count: no garbage collection needed, only the heap trimmed
     trim_heap()
     if device.type == "cuda":
         torch.cuda.empty_cache()  # the operands must not sit in the trial's reserved memory
