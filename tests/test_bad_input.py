@@ -141,7 +141,7 @@ CASES = [
     (FIT + ["--workload", "custom"], "--workload custom needs --model"),
     # fit's --out: another tool's file ended fit in a traceback after its probes; a folder in "free space" (exit 4)
     (FIT + ["--out", "malformed.jsonl"], "--out malformed.jsonl is not a results file (line 1: not a JSON line"),
-    (FIT + ["--out", "empty-folder"], "cannot write results to empty-folder: is a directory"),
+    (FIT + ["--out", "empty-folder"], "cannot write results to empty-folder: it is a folder"),
     (["explain", "adamw", "--workload", "custom"], "--workload custom needs --model"),
     # list takes nothing
     (["list", "--all"], "unrecognized arguments: --all"),

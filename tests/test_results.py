@@ -10,10 +10,10 @@ from optbench.records.record import (
     Record,
     ResultsFileError,
     append_record,
-    check_writable,
     completed_trial_ids,
     read_records,
 )
+from optbench.records.writable import check_writable
 
 
 def test_round_trip_keeps_every_field(tmp_path):
@@ -105,8 +105,11 @@ def test_check_writable_creates_the_folder_and_leaves_no_file(tmp_path):
     path = tmp_path / "a" / "b" / "r.jsonl"
     check_writable(path)
     assert path.parent.is_dir() and not path.exists()
-    with pytest.raises(IsADirectoryError):
+    with pytest.raises(IsADirectoryError, match="it is a folder"):
         check_writable(tmp_path)
+    (tmp_path / "file").write_text("")
+    with pytest.raises(NotADirectoryError, match="file is a file, not a folder"):
+        check_writable(tmp_path / "file" / "r.jsonl")
 
 
 def test_a_json_file_that_is_not_records_is_refused(tmp_path):

@@ -43,11 +43,10 @@ def check_output(path: Path, flag: str) -> None:
     """A file a command will write, checked before its work (minutes of measuring, or a comparison whose exit 1 a
     late exit 2 would hide) and without making anything: a folder there, or a file where a folder must be, is
     one line now."""
-    existing = next(part for part in (path, *path.parents) if part.exists())
-    if existing == path and path.is_dir():
-        raise UsageError(f"cannot write {flag} {path}: it is a folder")
-    if existing != path and not existing.is_dir():
-        raise UsageError(f"cannot write {flag} {path}: {existing} is a file, not a folder")
+    from optbench.records.writable import output_fault
+
+    if fault := output_fault(path):
+        raise UsageError(f"cannot write {flag} {path}: {fault}")
 
 
 def load_records(files: list[Path]) -> list:

@@ -46,7 +46,8 @@ def sweep(args: argparse.Namespace, plan, out: Path) -> list[Record]:
 def check_out(out: Path) -> None:
     """The results file a sweep appends to (and resumes from): writable, and where it already holds something, a
     results file. Text or another tool's JSON there ended `run` and `study` in a traceback from the resume read."""
-    from optbench.records.record import ResultsFileError, check_writable, read_records
+    from optbench.records.record import ResultsFileError, read_records
+    from optbench.records.writable import check_writable
 
     try:
         check_writable(out)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
 import fcntl
 import json
 import math
@@ -39,7 +38,7 @@ JOB_KEY_FIELDS = ("workload", "workload_options", "model", "pretrained", "datase
                   "fidelity", "resume_check")
 
 __all__ = ["FAILURES", "GIB", "JOB_KEY_FIELDS", "MACHINE_KEYS", "MIB", "REFERENCE_OPTIMIZER", "SCHEMA_VERSION",
-           "STATUSES", "Record", "ResultsFileError", "append_record", "check_writable", "completed_trial_ids",
+           "STATUSES", "Record", "ResultsFileError", "append_record", "completed_trial_ids",
            "job_key", "read_records"]
 
 
@@ -373,22 +372,3 @@ def completed_trial_ids(path: Path) -> set[str]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return {r.trial_id for r in read_records(path) if r.status == "ok"}
-
-
-def check_writable(path: Path) -> None:
-    """Fail fast (OSError) when records could not be appended to `path`: before any trial runs, not after.
-
-    Creates the folder if missing; opens the file for appending (as the store will) and removes it
-    again if this check created it, so a refused run leaves nothing behind.
-    """
-    if path.exists() and not path.is_file():
-        raise IsADirectoryError(errno.EISDIR, "is a directory, not a results file", str(path))
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError):  # mkdir says only "File exists"
-        raise NotADirectoryError(errno.ENOTDIR, "a part of its folder path is a file", str(path)) from None
-    existed = path.exists()
-    with open(path, "ab"):
-        pass
-    if not existed:
-        path.unlink()
