@@ -175,6 +175,15 @@ def test_relative_columns_and_the_margin():
     assert wide["verdict_vs_adamw"] == "equivalent within ±5 pts" and wide["margin"] == 5.0
 
 
+def test_a_job_where_no_trial_scored_states_no_scale_or_margin():
+    # every trial failed (oom): a scale read from no values said "relative" and a 2 % margin nothing was held to
+    records = [dataclasses.replace(_trial(name, 0), status="oom", error="MemoryError")
+               for name in ("adamw", "adafactor")]
+    summary = summarize(trials_frame(records))
+    assert summary["target_scale"].isna().all() and summary["margin"].isna().all()
+    assert "margin" not in render_markdown(summary)
+
+
 def test_perplexity_difference_is_shown_in_percent_as_it_moves():
     lm = dict(target_metric="perplexity", target_mode="min")
     records = [_trial(name, s, **lm, eval_metrics={"perplexity": ppl * f})
