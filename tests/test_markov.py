@@ -1,5 +1,6 @@
 """The embedded LM corpus: a Markov chain whose entropy rate, and so the perplexity floor, is exact."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -53,3 +54,6 @@ def test_the_lm_workload_records_the_floor_and_the_unigram_perplexity():
     assert built.metric_chance == pytest.approx(lm.unigram_perplexity(built.eval["input_ids"]))
     assert built.metric_ceiling < built.metric_chance
     assert built.dataset_name == lm.MARKOV_NAME
+    assert built.val_chance is None  # a plain run has no validation split
+    tune = lm.CausalLM().build(dataclasses.replace(spec, stage="tune"))
+    assert tune.val_chance == pytest.approx(lm.unigram_perplexity(tune.val["input_ids"]))

@@ -115,6 +115,19 @@ def test_a_tune_stage_at_chance_fixes_no_target_and_no_optimizer_is_first_to_one
     assert not any("first to the target" in line for line in render.verdict_sentences(summary))
 
 
+def test_the_tune_stage_is_judged_against_the_validation_splits_chance_not_the_eval_splits(tmp_path, capsys):
+    """The tune stage scores validation rows: a best of 0.9 where the validation split's majority class is 0.91 did
+    not train, whatever the eval split's chance (0.5 here) says."""
+    def val_at_chance(spec: TrialSpec) -> Record:
+        record = fake_trial(spec)
+        record.metric_chance, record.val_chance = 0.5, 0.91
+        return record
+
+    result, _ = _run(tmp_path / "study.jsonl", val_at_chance)
+    assert result.final and all(s.target is None for s in result.final)
+    assert "is at chance (0.91): the tune stage did not train" in capsys.readouterr().err
+
+
 def test_two_tune_seeds_tune_every_lr_twice_and_leave_one_final_seed(tmp_path):
     result, _ = _run(tmp_path / "study.jsonl", tune_seeds=(0, 1))
     assert len(result.tune) == 16 and {s.seed for s in result.final} == {2} and len(result.final) == 2

@@ -106,7 +106,10 @@ def test_every_trial_trains_without_the_validation_rows_and_study_trials_score_b
     spec = TrialSpec(optimizer="adamw", stage="tune", **TINY)
     built = workloads.get_workload("tiny").build(spec)
     run = workloads.get_workload("tiny").build(TrialSpec(optimizer="adamw", **TINY))
-    assert run.val is None  # a plain run is not scored on validation...
+    assert run.val is None and run.val_chance is None  # a plain run is not scored on validation...
+    # the tune stage is judged against the validation split's own chance level, not the eval split's
+    labels = built.val["labels"].tolist()
+    assert built.val_chance == max(labels.count(label) for label in set(labels)) / len(labels)
     assert torch.equal(built.train["input_ids"], run.train["input_ids"])  # ...but trains on the same rows
     assert built.train["input_ids"].shape[0] + built.val["input_ids"].shape[0] == 4000
     assert torch.equal(built.eval["input_ids"], run.eval["input_ids"])  # the same eval rows as a plain run
@@ -114,6 +117,7 @@ def test_every_trial_trains_without_the_validation_rows_and_study_trials_score_b
     assert record.status == "ok", record.error
     assert record.val_rows == built.val["input_ids"].shape[0] == 400  # 10 % of the 4,000 training rows
     assert record.val_metric == record.val_accuracy == record.val_metrics["accuracy"]
+    assert record.val_chance == built.val_chance
     assert record.eval_accuracy == record.eval_metrics["accuracy"]
 
 

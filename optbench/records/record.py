@@ -202,6 +202,7 @@ class Record:
     # unigram perplexity): a result near it did not train, and the report says `untrained`.
     metric_ceiling: float | None = None
     metric_chance: float | None = None
+    val_chance: float | None = None  # the same on the validation split, which a study's tune stage is judged on
     target_metric: str = "accuracy"
     target_mode: str = "max"
     eval_curve: list[list[float]] = field(default_factory=list)  # [step, training seconds, target metric]

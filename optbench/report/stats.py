@@ -346,6 +346,16 @@ def _point(lr: float, records: Sequence) -> LrPoint:
     return LrPoint(lr, "ok", float(np.mean(values)), values)
 
 
+def validation_chance(records: Sequence) -> float | None:
+    """The chance level the tune stage's validation scores are judged against: the validation split's own
+    (`val_chance`); records from before it was stored give the eval split's, the nearest they have."""
+    for name in ("val_chance", "metric_chance"):
+        value = next((float(getattr(r, name)) for r in records if is_finite(getattr(r, name, None))), None)
+        if value is not None:
+            return value
+    return None
+
+
 def choice_from_records(optimizer: str, grid: Sequence[float], records: Iterable, tune_steps: int) -> LrChoice:
     """Rebuild one optimizer's lr choice from its tune records alone, so a resumed study chooses the same."""
     records = list(records)
@@ -359,7 +369,7 @@ def choice_from_records(optimizer: str, grid: Sequence[float], records: Iterable
     choice = LrChoice(optimizer, points, metric, mode, tune_steps,
                       tunability=tunability([p.value for p in points], mode),
                       tune_seeds=max((len(p.values) for p in usable), default=0),
-                      chance=next((float(r.metric_chance) for r in records if is_finite(r.metric_chance)), None))
+                      chance=validation_chance(records))
     if usable:
         val_rows = max((int(r.val_rows) for r in records if r.val_rows), default=None)
         choice.band, choice.band_basis = tie_band(usable, mode, val_rows)

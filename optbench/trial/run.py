@@ -76,6 +76,7 @@ def setup(spec: TrialSpec, record: Record) -> Setup:
     record.val_rows = None if built.val is None else next(iter(built.val.values())).shape[0]
     record.eval_rows = None if built.eval is None else next(iter(built.eval.values())).shape[0]
     record.metric_ceiling, record.metric_chance = built.metric_ceiling, built.metric_chance
+    record.val_chance = built.val_chance
     model = built.model.to(device=device, dtype=precision.param_dtype)
     model.train()
     s = Setup(spec=spec, device=device, precision=precision, workload=workload, built=built, model=model,

@@ -52,6 +52,7 @@ class Built:
     # share; the unigram perplexity). A result near the second did not train (report: `untrained`).
     metric_ceiling: float | None = None
     metric_chance: float | None = None
+    val_chance: float | None = None  # the chance level of the validation split (study trials): what tuning is judged on
 
 
 class Workload:

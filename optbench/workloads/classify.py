@@ -84,12 +84,17 @@ def _tokenize(tokenizer, split, seq_len: int) -> Split:
             "labels": torch.tensor(split["label"], dtype=torch.long)}
 
 
+def majority_share(labels: list[int]) -> float:
+    """Accuracy's chance level on these labels: the share of the most common one (a constant guess's score)."""
+    return max(labels.count(label) for label in set(labels)) / len(labels)
+
+
 def eval_bounds(tokenizer, held_out, seq_len: int) -> tuple[float | None, float]:
     """(ceiling, chance) of accuracy on these eval rows. The ceiling: the share of rows whose label is their clean
     label, where the data carries one (the embedded task: optbench/workloads/reviews.py) and no row is cut at
     seq_len (a cut row may lose the words that decide it); None otherwise. Chance: the majority class's share."""
     labels = list(held_out["label"])
-    chance = max(labels.count(label) for label in set(labels)) / len(labels)
+    chance = majority_share(labels)
     if "clean_label" not in held_out.column_names:
         return None, chance
     lengths = [len(ids) for ids in tokenizer([str(t) for t in held_out["text"]])["input_ids"]]
@@ -180,7 +185,8 @@ class Classification(Workload):
         ceiling, chance = eval_bounds(tokenizer, held_out, spec.seq_len)
         return Built(model=model, model_name=self.model_name(spec), dataset_name=dataset_name, train=splits[0],
                      val=splits[1], eval=splits[2], chance_loss=math.log(num_labels), pretrained=source is not None,
-                     metric_ceiling=ceiling, metric_chance=chance)
+                     metric_ceiling=ceiling, metric_chance=chance,
+                     val_chance=None if splits[1] is None else majority_share(splits[1]["labels"].tolist()))
 
     def meta_model(self, spec: TrialSpec, local_files_only: bool = False) -> torch.nn.Module:
         """With the embedded task's label count: a user dataset's only sizes the head (hidden x labels), and

@@ -168,7 +168,8 @@ class CausalLM(Workload):
         floor = markov.bayes_perplexity(ids.numpy()) if spec.dataset is None else None
         return Built(model=model, model_name=self.model_name(spec), dataset_name=self.dataset_name(spec), train=train,
                      val=val, eval=evaluation, chance_loss=math.log(vocab), pretrained=bool(spec.model),
-                     metric_ceiling=floor, metric_chance=unigram_perplexity(ids))
+                     metric_ceiling=floor, metric_chance=unigram_perplexity(ids),
+                     val_chance=None if val is None else unigram_perplexity(val["input_ids"]))
 
     def meta_model(self, spec: TrialSpec, local_files_only: bool = False) -> torch.nn.Module:
         if spec.model:
