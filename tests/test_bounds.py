@@ -103,6 +103,11 @@ def test_a_smoke_table_says_untrained_instead_of_a_number():
     assert table.loc["adafactor", "accuracy Δ vs adamw (95% CI)"] == "untrained"  # the reference did not train
     terminal = render_terminal(summary)
     assert "0.345" not in terminal and "0.352" not in terminal and "untrained" in terminal
+    # nor in summary.csv or --format json: the untrained rows carry their counts, not a figure
+    csv = summary.to_csv(index=False)
+    assert "0.345" not in csv and "0.352" not in csv and "0.6" in csv
+    rows = summary.set_index("optimizer")
+    assert rows.loc["adamw", "eval_target_n"] == 1 and rows.loc["adamw", "untrained"] == 1
 
 
 def test_an_untrained_candidate_against_a_reference_that_learned_is_worse_without_a_figure():

@@ -295,6 +295,8 @@ def _summary_row(group: pd.DataFrame, of_trials: int) -> dict[str, Any]:
         row["time_to_target_s_resolution"] = float(brackets.median()) if len(brackets) else None
         row.update(untrained=int(group["untrained"].sum()), metric_ceiling=bounds.single(group["metric_ceiling"]),
                    metric_chance=bounds.single(group["metric_chance"]), eval_rows=bounds.single(group["eval_rows"]))
+        if _fully_untrained(row):  # no quality figure from a job that did not train, in summary.csv and json too
+            row.update({f"{m.column}{part}": None for m in metrics.METRICS if m.scored for part in ("", "_std", "_ci")})
     return row
 
 
