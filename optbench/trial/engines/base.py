@@ -100,7 +100,9 @@ class StepHook(Protocol):
         """Whether `after_step(step)` has work: the loop pauses the memory window only then."""
         ...
 
-    def after_step(self, step: int) -> None: ...
+    def after_step(self, step: int) -> None:
+        """The work, called only at the steps where `acts_at` says there is some."""
+        ...
 
 
 class StepLog:

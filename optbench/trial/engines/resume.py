@@ -63,8 +63,8 @@ class ResumeCheck:
         return step + 1 == self.mid
 
     def after_step(self, step: int) -> None:
-        if self.acts_at(step):
-            self._attempt(self._save)
+        """The save (StepLog calls it only where `acts_at`)."""
+        self._attempt(self._save)
 
     def _attempt(self, phase: Any, *args: Any) -> bool:
         """Run one phase; a failure is the result (its message kept). In a group every rank must take the same
