@@ -325,20 +325,16 @@ def per_seed(trials: pd.DataFrame, optimizer: str, column: str = "eval_target") 
 def relative_columns(finals: pd.DataFrame, summary: pd.DataFrame, margin: float | None) -> pd.DataFrame:
     """Per job with ok reference rows: memory saved %, speed x and the paired target-metric difference with
     its verdict (in points for a metric in [0, 1], in % of the reference otherwise), indexed like `summary`; every
-    row gets its job's scale and margin (None where no trial of the job scored: a scale read from no values would
-    be a guess). No reference: nothing more. Built as one frame and joined once (setting
-    cells one by one fragments the summary)."""
+    row gets its job's scale and margin (None where no trial scored). No reference: nothing more. Built as one
+    frame and joined once (setting cells one by one fragments the summary)."""
     cells: dict[Any, dict[str, Any]] = {}
     for job, every in summary.groupby("job_id", sort=False):
         trials = finals[finals["job_id"] == job]
         mode = str(every["target_mode"].iloc[0])
-        if not trials["eval_target"].map(stats.is_finite).any():  # no trial scored: no scale, no margin to show
-            cells.update({index: {"target_scale": None, "margin": None} for index in every.index})
-            continue
-        scale = stats.scale_of(mode, trials["eval_target"])
-        job_margin = stats.DEFAULT_MARGIN[scale] if margin is None else margin
-        for index in every.index:
-            cells[index] = {"target_scale": scale, "margin": job_margin}
+        scored = bool(trials["eval_target"].map(stats.is_finite).any())  # none (all failed): no scale, no margin
+        scale = stats.scale_of(mode, trials["eval_target"]) if scored else None
+        job_margin = None if not scored else stats.DEFAULT_MARGIN[scale] if margin is None else margin
+        cells.update({index: {"target_scale": scale, "margin": job_margin} for index in every.index})
         rows = every[every["status"] == "ok"]
         ref = rows[rows["optimizer"] == REFERENCE_OPTIMIZER]
         if ref.empty:
