@@ -793,6 +793,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "gate-campaign": gate_campaign_table,
     "gate-campaign-trials": lambda: gate_campaign_table("gate-campaign-trials"),
     "gate-campaign-trials-6": lambda: gate_campaign_table("gate-campaign-trials-6"),
+    "gate-campaign-trials-6-20": lambda: gate_campaign_table("gate-campaign-trials-6-20"),
     "gate-sleep": gate_sleep_table,
     "harness-factors": harness_factors_table,
 }
@@ -840,6 +841,8 @@ VALUES: dict[str, Callable[[], str]] = {
     "gate.trials-6": lambda: gate_campaign_said("gate-campaign-trials-6"),
     "gate.trials-spread": lambda: campaign_process_spread("gate-campaign-trials"),
     "gate.trials-6-spread": lambda: campaign_process_spread("gate-campaign-trials-6"),
+    "gate.trials-6-20": lambda: gate_campaign_said("gate-campaign-trials-6-20"),
+    "gate.trials-6-20-spread": lambda: campaign_process_spread("gate-campaign-trials-6-20"),
     "probe.sleep": lambda: slowdown_probe("sleep"),
     "probe.spin": lambda: slowdown_probe("spin"),
     "probe.padding": lambda: probe("padding"),
