@@ -9,8 +9,7 @@ from pathlib import Path
 
 def output_fault(path: Path) -> str | None:
     """Why no file could be written at `path`, asked without making anything: a folder there, or a file where a
-    folder must be (mkdir would say only "File exists"); None when neither. One rule for every file a command
-    writes (results, a calibration, an export)."""
+    folder must be (mkdir would say only "File exists"); None when neither."""
     existing = next(part for part in (path, *path.parents) if part.exists())
     if existing == path and path.is_dir():
         return "it is a folder"
@@ -26,8 +25,9 @@ def check_writable(path: Path) -> None:
     again if this check created it, so a refused run leaves nothing behind.
     """
     if fault := output_fault(path):
-        error = IsADirectoryError if path.is_dir() else NotADirectoryError
-        raise error(errno.EISDIR if path.is_dir() else errno.ENOTDIR, fault, str(path))
+        if path.is_dir():
+            raise IsADirectoryError(errno.EISDIR, fault, str(path))
+        raise NotADirectoryError(errno.ENOTDIR, fault, str(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     existed = path.exists()
     with open(path, "ab"):

@@ -28,6 +28,7 @@ import pandas as pd
 from optbench.records.peaks import split_peak_memory
 from optbench.records.record import REFERENCE_OPTIMIZER, Record, job_key
 from optbench.report import bounds, metrics, stats, tuning
+from optbench.report.cells import untrained_row
 from optbench.report.metrics import MEAN, MEDIAN_INF, MEMORY_HEADLINE, SPEED_HEADLINE, TEXT, Metric, record_values
 
 TARGET_SHARE = 0.95  # default target: 95 % of the best final mean ("max"), best / 0.95 ("min")
@@ -295,7 +296,7 @@ def _summary_row(group: pd.DataFrame, of_trials: int) -> dict[str, Any]:
         row["time_to_target_s_resolution"] = float(brackets.median()) if len(brackets) else None
         row.update(untrained=int(group["untrained"].sum()), metric_ceiling=bounds.single(group["metric_ceiling"]),
                    metric_chance=bounds.single(group["metric_chance"]), eval_rows=bounds.single(group["eval_rows"]))
-        if _fully_untrained(row):  # no quality figure from a job that did not train, in summary.csv and json too
+        if untrained_row(row):  # no quality figure from a job that did not train, in summary.csv and json too
             row.update({f"{m.column}{part}": None for m in metrics.METRICS if m.scored for part in ("", "_std", "_ci")})
     return row
 
@@ -357,10 +358,6 @@ def _arm(trials: pd.DataFrame, optimizer: str) -> bounds.Arm:
                       int(ok["steps"].max()) if len(ok) else 0)
 
 
-def _fully_untrained(row: pd.Series) -> bool:
-    return bool(row.get("untrained")) and row.get("untrained") == row.get(f"{metrics.QUALITY_METRIC.column}_n")
-
-
 def _verdict_cells(found: stats.Verdict | None, trials: pd.DataFrame, pair: tuple[pd.Series, pd.Series],
                    scale: str) -> dict[str, Any]:
     """The paired difference, its verdict (saturated where bounds.saturation says so) and the minimum detectable
@@ -369,8 +366,8 @@ def _verdict_cells(found: stats.Verdict | None, trials: pd.DataFrame, pair: tupl
     which is a finding; its size is not)."""
     if found is None:
         return {}
-    if any(_fully_untrained(row) for row in pair):
-        candidate, reference = (_fully_untrained(row) for row in pair)
+    if any(untrained_row(row) for row in pair):
+        candidate, reference = (untrained_row(row) for row in pair)
         if candidate and not reference and found.word == stats.WORSE:
             return {"delta_untrained": True, "verdict_vs_adamw": found.text, "verdict_word_vs_adamw": found.word}
         return {"delta_untrained": True}
