@@ -128,6 +128,21 @@ def test_the_tune_stage_is_judged_against_the_validation_splits_chance_not_the_e
     assert "is at chance (0.91): the tune stage did not train" in capsys.readouterr().err
 
 
+def test_a_target_at_the_eval_splits_chance_is_not_fixed(tmp_path, capsys):
+    """A tune best of 0.9 that trained on validation (chance 0.5) gives 0.95 x 0.9 = 0.855, which an eval split
+    whose majority class is 0.86 reaches before any step: no target, and the running lines judge each split
+    against its own chance (val trained, eval untrained)."""
+    def eval_at_chance(spec: TrialSpec) -> Record:
+        record = fake_trial(spec)
+        record.metric_chance, record.val_chance = 0.86, 0.5
+        return record
+
+    result, lines = _run(tmp_path / "study.jsonl", eval_at_chance)
+    assert result.final and all(s.target is None for s in result.final)
+    assert "0.855, is at chance on the eval split the curves are scored on (0.86)" in capsys.readouterr().err
+    assert any("adamw tune lr=1e-05 seed=0 ok" in line and "(val 0.8, eval untrained)" in line for line in lines)
+
+
 def test_two_tune_seeds_tune_every_lr_twice_and_leave_one_final_seed(tmp_path):
     result, _ = _run(tmp_path / "study.jsonl", tune_seeds=(0, 1))
     assert len(result.tune) == 16 and {s.seed for s in result.final} == {2} and len(result.final) == 2

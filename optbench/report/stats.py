@@ -283,7 +283,8 @@ class LrChoice:
     band: float | None = None  # the near-tie band used, in the metric's own unit
     band_basis: str = ""  # what the band was derived from, in words
     tune_seeds: int = 0
-    chance: float | None = None  # the metric at chance (the records' metric_chance): a tune stage there trained nothing
+    chance: float | None = None  # the metric at chance on validation (validation_chance): there, no training
+    eval_chance: float | None = None  # the same on the eval split, whose curves a target fixed from tuning times
 
 
 def tie_band(points: Sequence[LrPoint], mode: str, val_rows: int | None = None) -> tuple[float, str]:
@@ -369,7 +370,8 @@ def choice_from_records(optimizer: str, grid: Sequence[float], records: Iterable
     choice = LrChoice(optimizer, points, metric, mode, tune_steps,
                       tunability=tunability([p.value for p in points], mode),
                       tune_seeds=max((len(p.values) for p in usable), default=0),
-                      chance=validation_chance(records))
+                      chance=validation_chance(records),
+                      eval_chance=next((float(r.metric_chance) for r in records if is_finite(r.metric_chance)), None))
     if usable:
         val_rows = max((int(r.val_rows) for r in records if r.val_rows), default=None)
         choice.band, choice.band_basis = tie_band(usable, mode, val_rows)

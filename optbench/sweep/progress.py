@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from optbench.records.record import Record
 from optbench.report.bounds import score_text
+from optbench.report.stats import validation_chance
 
 ALREADY_OK = "already recorded ok in this results file"  # the note a resumed sweep shows for a trial it skips
 
@@ -23,9 +24,10 @@ def _duration(seconds: float) -> str:
 
 def _scores(record: Record) -> str:
     """The validation and eval values of the workload's target metric, where the trial has them."""
-    values = (("val", record.val_metric), ("eval", (record.eval_metrics or {}).get(record.target_metric)))
-    scores = ", ".join(f"{split} {score_text(value, record.metric_chance, record.target_mode)}"
-                       for split, value in values if isinstance(value, float))
+    values = (("val", record.val_metric, validation_chance([record])),
+              ("eval", (record.eval_metrics or {}).get(record.target_metric), record.metric_chance))
+    scores = ", ".join(f"{split} {score_text(value, chance, record.target_mode)}"
+                       for split, value, chance in values if isinstance(value, float))
     return f" ({scores})" if scores else ""
 
 

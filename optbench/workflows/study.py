@@ -60,8 +60,9 @@ def target_from_tuning(choices: Sequence[stats.LrChoice]) -> tuple[float | None,
     """The time-to-target threshold, fixed from the tune stage before any final runs: TARGET_SHARE of the reference
     optimizer's best validation score (a "min" metric: best / TARGET_SHARE). Validation rows are not the eval rows
     the curve is scored on, so the target is not read off the curves it then times. None, with why, when there is
-    no score or the best is at chance (`bounds.untrained`): 95 % of a score a constant guess makes lies at or below
-    where every curve starts, and the finals would be timed to nothing."""
+    no score, the best is at the validation split's chance (`bounds.untrained`), or the target is at the eval
+    split's: 95 % of a score a constant guess makes lies at or below where every curve starts, and the finals
+    would be timed to nothing."""
     if not choices:
         return None, "no optimizer was tuned"
     reference = _reference(choices)
@@ -72,7 +73,11 @@ def target_from_tuning(choices: Sequence[stats.LrChoice]) -> tuple[float | None,
     if bounds.untrained(best, reference.chance, reference.mode):
         return None, (f"{reference.optimizer}'s best validation {reference.metric} in the tune stage, {best:.4g}, is "
                       f"at chance ({reference.chance:.4g}): the tune stage did not train")
-    return (best * TARGET_SHARE if reference.mode == "max" else best / TARGET_SHARE), ""
+    target = best * TARGET_SHARE if reference.mode == "max" else best / TARGET_SHARE
+    if bounds.untrained(target, reference.eval_chance, reference.mode):  # the two splits' chance levels differ
+        return None, (f"{TARGET_SHARE:g} x {reference.optimizer}'s best validation {reference.metric}, {target:.4g}, "
+                      f"is at chance on the eval split the curves are scored on ({reference.eval_chance:.4g})")
+    return target, ""
 
 
 def final_specs(choices: Sequence[stats.LrChoice], seeds: Sequence[int], settings: dict[str, Any],
