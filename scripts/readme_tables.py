@@ -794,6 +794,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "gate-campaign-trials": lambda: gate_campaign_table("gate-campaign-trials"),
     "gate-campaign-trials-6": lambda: gate_campaign_table("gate-campaign-trials-6"),
     "gate-campaign-trials-6-20": lambda: gate_campaign_table("gate-campaign-trials-6-20"),
+    "gate-campaign-trials-6-adafactor": lambda: gate_campaign_table("gate-campaign-trials-6-adafactor"),
     "gate-sleep": gate_sleep_table,
     "harness-factors": harness_factors_table,
 }
@@ -843,6 +844,8 @@ VALUES: dict[str, Callable[[], str]] = {
     "gate.trials-6-spread": lambda: campaign_process_spread("gate-campaign-trials-6"),
     "gate.trials-6-20": lambda: gate_campaign_said("gate-campaign-trials-6-20"),
     "gate.trials-6-20-spread": lambda: campaign_process_spread("gate-campaign-trials-6-20"),
+    "gate.trials-6-adafactor": lambda: gate_campaign_said("gate-campaign-trials-6-adafactor", "adafactor"),
+    "gate.trials-6-adafactor-spread": lambda: campaign_process_spread("gate-campaign-trials-6-adafactor"),
     "probe.sleep": lambda: slowdown_probe("sleep"),
     "probe.spin": lambda: slowdown_probe("spin"),
     "probe.padding": lambda: probe("padding"),
