@@ -3,6 +3,7 @@ Fake trials keep these fast; one end-to-end run on the tiny workload checks the 
 The lr choice itself (noise band, ties) is tested with the analysis core in test_stats.py."""
 
 import math
+from collections.abc import Callable
 
 import pytest
 
@@ -115,15 +116,19 @@ def test_a_tune_stage_at_chance_fixes_no_target_and_no_optimizer_is_first_to_one
     assert not any("first to the target" in line for line in render.verdict_sentences(summary))
 
 
+def _with_chances(eval_chance: float, val_chance: float) -> Callable[[TrialSpec], Record]:
+    """The fake trial, its eval and validation splits' chance levels set apart."""
+    def run_trial(spec: TrialSpec) -> Record:
+        record = fake_trial(spec)
+        record.metric_chance, record.val_chance = eval_chance, val_chance
+        return record
+    return run_trial
+
+
 def test_the_tune_stage_is_judged_against_the_validation_splits_chance_not_the_eval_splits(tmp_path, capsys):
     """The tune stage scores validation rows: a best of 0.9 where the validation split's majority class is 0.91 did
     not train, whatever the eval split's chance (0.5 here) says."""
-    def val_at_chance(spec: TrialSpec) -> Record:
-        record = fake_trial(spec)
-        record.metric_chance, record.val_chance = 0.5, 0.91
-        return record
-
-    result, _ = _run(tmp_path / "study.jsonl", val_at_chance)
+    result, _ = _run(tmp_path / "study.jsonl", _with_chances(eval_chance=0.5, val_chance=0.91))
     assert result.final and all(s.target is None for s in result.final)
     assert "is at chance (0.91): the tune stage did not train" in capsys.readouterr().err
 
@@ -132,12 +137,7 @@ def test_a_target_at_the_eval_splits_chance_is_not_fixed(tmp_path, capsys):
     """A tune best of 0.9 that trained on validation (chance 0.5) gives 0.95 x 0.9 = 0.855, which an eval split
     whose majority class is 0.86 reaches before any step: no target, and the running lines judge each split
     against its own chance (val trained, eval untrained)."""
-    def eval_at_chance(spec: TrialSpec) -> Record:
-        record = fake_trial(spec)
-        record.metric_chance, record.val_chance = 0.86, 0.5
-        return record
-
-    result, lines = _run(tmp_path / "study.jsonl", eval_at_chance)
+    result, lines = _run(tmp_path / "study.jsonl", _with_chances(eval_chance=0.86, val_chance=0.5))
     assert result.final and all(s.target is None for s in result.final)
     assert "0.855, is at chance on the eval split the curves are scored on (0.86)" in capsys.readouterr().err
     assert any("adamw tune lr=1e-05 seed=0 ok" in line and "(val 0.8, eval untrained)" in line for line in lines)

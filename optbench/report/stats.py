@@ -347,14 +347,17 @@ def _point(lr: float, records: Sequence) -> LrPoint:
     return LrPoint(lr, "ok", float(np.mean(values)), values)
 
 
+def recorded_chance(records: Sequence, name: str = "metric_chance") -> float | None:
+    """A split's chance level as the records store it (field `name`: the eval split's `metric_chance` or the
+    validation split's `val_chance`), the first finite one; None where no record has it."""
+    return next((float(getattr(r, name)) for r in records if is_finite(getattr(r, name, None))), None)
+
+
 def validation_chance(records: Sequence) -> float | None:
     """The chance level the tune stage's validation scores are judged against: the validation split's own
     (`val_chance`); records from before it was stored give the eval split's, the nearest they have."""
-    for name in ("val_chance", "metric_chance"):
-        value = next((float(getattr(r, name)) for r in records if is_finite(getattr(r, name, None))), None)
-        if value is not None:
-            return value
-    return None
+    found = recorded_chance(records, "val_chance")
+    return found if found is not None else recorded_chance(records)
 
 
 def choice_from_records(optimizer: str, grid: Sequence[float], records: Iterable, tune_steps: int) -> LrChoice:
@@ -371,7 +374,7 @@ def choice_from_records(optimizer: str, grid: Sequence[float], records: Iterable
                       tunability=tunability([p.value for p in points], mode),
                       tune_seeds=max((len(p.values) for p in usable), default=0),
                       chance=validation_chance(records),
-                      eval_chance=next((float(r.metric_chance) for r in records if is_finite(r.metric_chance)), None))
+                      eval_chance=recorded_chance(records))
     if usable:
         val_rows = max((int(r.val_rows) for r in records if r.val_rows), default=None)
         choice.band, choice.band_basis = tie_band(usable, mode, val_rows)
