@@ -795,6 +795,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "gate-campaign-trials-6": lambda: gate_campaign_table("gate-campaign-trials-6"),
     "gate-campaign-trials-6-20": lambda: gate_campaign_table("gate-campaign-trials-6-20"),
     "gate-campaign-trials-6-adafactor": lambda: gate_campaign_table("gate-campaign-trials-6-adafactor"),
+    "gate-campaign-trials-6-adafactor-20": lambda: gate_campaign_table("gate-campaign-trials-6-adafactor-20"),
     "gate-sleep": gate_sleep_table,
     "harness-factors": harness_factors_table,
 }
@@ -846,6 +847,8 @@ VALUES: dict[str, Callable[[], str]] = {
     "gate.trials-6-20-spread": lambda: campaign_process_spread("gate-campaign-trials-6-20"),
     "gate.trials-6-adafactor": lambda: gate_campaign_said("gate-campaign-trials-6-adafactor", "adafactor"),
     "gate.trials-6-adafactor-spread": lambda: campaign_process_spread("gate-campaign-trials-6-adafactor"),
+    "gate.trials-6-adafactor-20": lambda: gate_campaign_said("gate-campaign-trials-6-adafactor-20", "adafactor"),
+    "gate.trials-6-adafactor-20-spread": lambda: campaign_process_spread("gate-campaign-trials-6-adafactor-20"),
     "probe.sleep": lambda: slowdown_probe("sleep"),
     "probe.spin": lambda: slowdown_probe("spin"),
     "probe.padding": lambda: probe("padding"),
