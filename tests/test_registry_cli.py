@@ -132,6 +132,20 @@ def test_a_step_the_probe_cannot_take_even_without_the_kwargs_refuses_nothing(mo
     assert "Invalid momentum value" in optimizers.kwargs_refusal("sgd_momentum", {"momentum": -5})
 
 
+def test_sound_kwargs_are_built_once_and_refused_ones_twice(monkeypatch):
+    """The check runs before every sweep: sound kwargs cost one build over the probe, and only a failure builds the
+    entry again without them (to tell the kwargs' fault from the probe's)."""
+    spec = optimizers.resolve("adamw")
+    builds = []
+    real = type(spec).build_for
+    monkeypatch.setattr(type(spec), "build_for", lambda self, model, **kw: builds.append(kw) or real(self, model, **kw))
+    assert optimizers.kwargs_refusal("adamw", {"betas": (0.9, 0.95)}) is None
+    assert builds == [{"betas": (0.9, 0.95)}]
+    builds.clear()
+    assert optimizers.kwargs_refusal("adamw", {"nosuch": 1}) is not None
+    assert builds == [{"nosuch": 1}, {}]
+
+
 def test_explain_opens_with_the_answer_not_with_library_noise():
     """transformers imports torchao, whose import logs notices about kernels optbench never uses (and torch a
     deprecation about torchao's enums): a fresh `explain` prints its answer first and nothing on stderr."""

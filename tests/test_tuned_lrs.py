@@ -105,3 +105,17 @@ def test_the_record_says_where_its_lr_came_from():
     assert settings_record(TrialSpec(optimizer="adamw", lr=1e-3, lr_source="study: chosen", **JOB)).lr_source == \
         "study: chosen"
     assert isinstance(Record().lr_source, type(None))
+
+
+def test_an_lr_nothing_resolved_is_not_called_the_users():
+    """A failed trial's record whose optimizer or workload is unknown: lr 0.0 from LR_UNRESOLVED, never "user"; an
+    lr the user gave is still theirs, and an optimizer that resolved keeps its state precision."""
+    from optbench.trial.settings import settings_record
+    from optbench.workloads import LR_UNRESOLVED
+
+    unknown = settings_record(TrialSpec(optimizer="nosuch", **JOB))
+    assert (unknown.lr, unknown.lr_source, unknown.optimizer) == (0.0, LR_UNRESOLVED, "nosuch")
+    assert settings_record(TrialSpec(optimizer="nosuch", lr=1e-3, **JOB)).lr_source == "user"
+    no_workload = settings_record(TrialSpec(optimizer="adamw8bit", **{**JOB, "workload": "nosuch"}))
+    assert (no_workload.lr, no_workload.lr_source) == (0.0, LR_UNRESOLVED)
+    assert no_workload.state_precision == optimizers.resolve("adamw8bit").precision != ""

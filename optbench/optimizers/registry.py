@@ -114,37 +114,41 @@ def kwargs_refusal(name: str, kwargs: dict[str, Any]) -> str | None:
 
     A misspelt keyword or an out-of-range setting (momentum -5) otherwise fails every trial of the sweep, each
     after loading the model; some fail only when stepping (SGD's dampening given as a string, at its second step).
-    The entry is built and stepped first without the kwargs: where that fails too (the probe model does not suit
-    the entry, or its step needs what a trial sets up) the check cannot tell and leaves that stage alone, so a
-    sound setting is never refused."""
+    Where the kwargs fail, the entry is built and stepped again without them: where that fails at the same stage or
+    earlier (the probe model does not suit the entry, or its step needs what a trial sets up) the check cannot tell
+    and refuses nothing, so a sound setting is never refused. Sound kwargs cost one build and two steps."""
     spec = resolve(name)
     if not kwargs or spec.trainer_optim or not spec.available:
         return None
     import torch
 
-    def attempt(settings: dict[str, Any], steps: int) -> Exception | None:
+    def attempt(settings: dict[str, Any]) -> tuple[str, Exception] | None:
+        """Build and step the entry on the probe: None, or the stage that failed ("build", "step") and why."""
         torch.manual_seed(0)
         probe = torch.nn.Sequential(torch.nn.Embedding(64, 32), torch.nn.Linear(32, 32), torch.nn.Linear(32, 2))
+        stage = "build"
         try:
             with warnings.catch_warnings():  # a library's deprecation notice belongs to the trial, not the check
                 warnings.simplefilter("ignore")
                 optimizer = spec.build_for(probe, **settings)
-                for _ in range(steps):
+                stage = "step"
+                for _ in range(PROBE_STEPS):
                     probe(torch.arange(8)).square().mean().backward()
                     optimizer.step()
                     optimizer.zero_grad()
         except Exception as exc:  # noqa: BLE001 - any failure of the library's code is the answer
-            return exc
+            return stage, exc
         return None
 
-    for steps, done in ((0, "build"), (PROBE_STEPS, "step")):
-        if attempt({}, steps) is not None:
-            return None
-        failure = attempt(kwargs, steps)
-        if failure is not None:
-            reason = " ".join(str(failure).split()) or type(failure).__name__
-            return f"--optimizer-kwargs for {spec.name}: {json.dumps(kwargs)} does not {done} it: {reason}"
-    return None
+    failure = attempt(kwargs)
+    if failure is None:
+        return None
+    done, exc = failure
+    bare = attempt({})  # the same stage failing without the kwargs: the check cannot tell, and refuses nothing
+    if bare is not None and (bare[0] == "build" or done == "step"):
+        return None
+    reason = " ".join(str(exc).split()) or type(exc).__name__
+    return f"--optimizer-kwargs for {spec.name}: {json.dumps(kwargs)} does not {done} it: {reason}"
 
 
 class _NonFinite(ValueError):

@@ -70,7 +70,7 @@ class Record:
     eval_size: int = 0
     lr: float = 0.0
     # where the lr came from: "tuned: <study file>" (the shipped table of tuned lrs), "registry default" (untuned),
-    # "user" (--lr), or "study" (a study's grid point or its choice)
+    # "user" (--lr), "study" (a study's grid point or its choice), or "unresolved" (a failed trial's, lr 0.0)
     lr_source: str | None = None
     schedule: str = "linear"  # lr after the warm-up: constant | linear | cosine | wsd (optbench/trial/schedules.py)
     # model side

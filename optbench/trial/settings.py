@@ -8,6 +8,7 @@ have run, and a failed trial's record still lands in its job (compare, report).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from datetime import datetime, timezone
 
@@ -16,7 +17,7 @@ from optbench.job.spec import TrialSpec
 from optbench.optimizers import resolve
 from optbench.records.environment import environment
 from optbench.records.record import Record, job_key
-from optbench.workloads import LR_USER, WorkloadError, get_workload, lr_for
+from optbench.workloads import LR_UNRESOLVED, LR_USER, WorkloadError, get_workload, lr_for
 
 
 def settings_record(spec: TrialSpec, started_at: float | None = None) -> Record:
@@ -24,9 +25,15 @@ def settings_record(spec: TrialSpec, started_at: float | None = None) -> Record:
     seconds), now by default. Its environment stamp names no runtime (no threads, kernels or GPU were used)."""
     try:
         entry = resolve(spec.optimizer)
-        name, precision, (lr, source) = entry.name, entry.precision, lr_for(spec, entry)
-    except (ValueError, WorkloadError):
-        name, precision, lr, source = spec.optimizer, "", spec.lr or 0.0, spec.lr_source or LR_USER
+    except ValueError:
+        entry = None
+    name, precision = (entry.name, entry.precision) if entry is not None else (spec.optimizer, "")
+    # An lr nothing could resolve (no --lr, and the optimizer or the workload unknown) is recorded as 0.0 from
+    # LR_UNRESOLVED, never as the user's: the record must not say someone chose it.
+    lr, source = (spec.lr, spec.lr_source or LR_USER) if spec.lr else (0.0, LR_UNRESOLVED)
+    if entry is not None:
+        with contextlib.suppress(WorkloadError):
+            lr, source = lr_for(spec, entry)
     started = datetime.fromtimestamp(time.time() if started_at is None else started_at, timezone.utc)
     record = Record(
         trial_id=spec.trial_id, optimizer=name, optimizer_kwargs=dict(spec.optimizer_kwargs),

@@ -35,11 +35,13 @@ if TYPE_CHECKING:
     from optbench.job.spec import TrialSpec
     from optbench.optimizers import OptimizerSpec
 
-__all__ = ["LR_DEFAULT", "LR_TUNED", "LR_USER", "OFFLINE_MODEL_HINT", "WORKLOADS", "Built", "Split", "Workload",
-           "WorkloadError", "check_model", "default_lr", "get_workload", "lr_for", "minilm_path", "model_config",
-           "model_name_for_source", "on_meta_device", "tiny_bert_config", "train_batches"]
-# Where a trial's lr came from (Record.lr_source): the user's --lr, a committed study's choice, the registry's default
+__all__ = ["LR_DEFAULT", "LR_TUNED", "LR_UNRESOLVED", "LR_USER", "OFFLINE_MODEL_HINT", "WORKLOADS", "Built", "Split",
+           "Workload", "WorkloadError", "check_model", "default_lr", "get_workload", "lr_for", "minilm_path",
+           "model_config", "model_name_for_source", "on_meta_device", "tiny_bert_config", "train_batches"]
+# Where a trial's lr came from (Record.lr_source): the user's --lr, a committed study's choice, the registry's default,
+# or nowhere (a failed trial's record whose optimizer or workload did not resolve: its lr 0.0 is no one's)
 LR_USER, LR_TUNED, LR_DEFAULT = "user", "tuned: ", "registry default"
+LR_UNRESOLVED = "unresolved: the optimizer or workload is unknown"
 
 WORKLOADS: dict[str, Workload] = {
     "minilm": Classification("minilm", pretrained=True,
