@@ -175,6 +175,20 @@ def provenance_table() -> str:
     return pd.DataFrame(rows).to_markdown(index=False)
 
 
+def hosts() -> str:
+    """The 2-core hosts the CPU records were measured on, most stamps first, each with torch's CPU kernels: the
+    machine is not always the same host, so a sentence naming one would be wrong for the others."""
+    counts: dict[str, int] = {}
+    for path in results_files():
+        if path.is_relative_to(RESULTS):
+            for stamp in _stamps(path):
+                if stamp.get("cpu"):
+                    host = f"{_host(stamp)} ({stamp.get('cpu_capability') or 'kernels not stamped'})"
+                    counts[host] = counts.get(host, 0) + 1
+    ranked = sorted(counts.items(), key=lambda item: -item[1])
+    return "; ".join(f"{host}, {n} stamps" for host, n in ranked)
+
+
 def harness_summary() -> str:
     """The harness-vs-bare check's figure (`pytest benchmarks -k harness --benchmark-json`), published only where
     its interval resolved the tolerance."""
@@ -801,6 +815,7 @@ TABLES: dict[str, Callable[[], str]] = {
 }
 VALUES: dict[str, Callable[[], str]] = {
     "registry.entries": registry_entries,
+    "provenance.hosts": hosts,
     "study.minutes": lambda: sweep_minutes("study.jsonl"),
     "study-control.minutes": lambda: sweep_minutes("study-control.jsonl"),
     "saturated-study.minutes": lambda: sweep_minutes("saturated/study.jsonl"),
