@@ -205,3 +205,46 @@ def test_an_optional_library_missing_inside_a_command_is_not_hidden_as_a_set_up_
     monkeypatch.setitem(cli_main.COMMANDS, "list", fails)
     with pytest.raises(ModuleNotFoundError):
         main(["list"])
+
+
+def test_a_hub_model_on_a_machine_without_the_hub_fails_at_once_from_the_cache_alone(files, capfd, monkeypatch):
+    """Offline, an uncached hub id took 26 s and eleven lines of the hub client's retry warnings before its one
+    line: with the hub unreachable the config is read from the local cache only, and the line says so."""
+    import socket
+
+    import transformers
+    from huggingface_hub import constants
+
+    asked: list[bool] = []
+
+    def from_pretrained(source, local_files_only=False, **kwargs):
+        asked.append(local_files_only)
+        raise OSError(f"{source} is not cached")
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # the tests' own offline switch aside
+    monkeypatch.setattr(socket, "create_connection",
+                        lambda *a, **k: (_ for _ in ()).throw(OSError("Name or service not known")))
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", from_pretrained)
+    code = main([*RUN, "--model", "someorg/not-cached"])
+    lines = capfd.readouterr().err.strip().splitlines()
+    assert code == 2 and len(lines) == 1, lines
+    assert "the hub cannot be reached" in lines[0] and "--workload minilm" in lines[0]
+    assert asked == [True]  # the cache alone: never the hub client's retries
+
+
+def test_the_hub_counts_as_reachable_only_when_it_takes_a_connection(monkeypatch):
+    import socket
+    from contextlib import nullcontext
+
+    from huggingface_hub import constants
+
+    from optbench.workloads.base import hub_reachable
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(socket, "create_connection", lambda *a, **k: nullcontext())
+    assert hub_reachable()
+    monkeypatch.setattr(socket, "create_connection", lambda *a, **k: (_ for _ in ()).throw(TimeoutError()))
+    assert not hub_reachable()
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(socket, "create_connection", lambda *a, **k: nullcontext())
+    assert not hub_reachable()  # HF_HUB_OFFLINE: the user said no network

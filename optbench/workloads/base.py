@@ -278,19 +278,43 @@ def check_positions(spec: TrialSpec, config: Any, name: str) -> None:
                             f"use --seq-len {positions} or less")
 
 
+def hub_reachable(timeout_s: float = 3.0) -> bool:
+    """Whether the Hugging Face hub's endpoint (HF_ENDPOINT) takes a TCP connection, and HF_HUB_OFFLINE is unset.
+    Asked before fetching a file the cache lacks: without a network huggingface_hub retries such a file five times
+    with backoff, 25 s of retry warnings on stderr, before it fails."""
+    import socket
+    from urllib.parse import urlsplit
+
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return False
+    url = urlsplit(constants.ENDPOINT)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        with socket.create_connection((url.hostname or "", port), timeout=timeout_s):
+            return True
+    except OSError:  # no DNS, no route, refused, timed out
+        return False
+
+
 def model_config(source: str, local_files_only: bool = False, hint: str = OFFLINE_MODEL_HINT, **overrides: Any) -> Any:
     """The transformers config of a local model folder or hub id (`local_files_only`: the local Hugging Face
     cache only, never the network); one that cannot be read is a WorkloadError ending in `hint` (what to give
-    instead: by default the offline default workload)."""
+    instead: by default the offline default workload). A hub id is read from the cache alone when the hub cannot be
+    reached, so an offline machine fails in one line at once, not after the hub client's retries."""
     from transformers import AutoConfig
 
+    offline = local_files_only or (not Path(source).exists() and not hub_reachable())
     try:
-        return AutoConfig.from_pretrained(source, local_files_only=local_files_only, **overrides)
+        return AutoConfig.from_pretrained(source, local_files_only=offline, **overrides)
     except (OSError, ValueError) as exc:
         if (Path(source) / "config.json").is_file():  # the folder is there: say what is wrong with its config
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise WorkloadError(f"cannot read {Path(source) / 'config.json'}: {reason}; {hint}") from exc
-        where = "in the local Hugging Face cache" if local_files_only else "on a reachable Hugging Face hub"
+        where = ("in the local Hugging Face cache" if local_files_only else
+                 "in the local Hugging Face cache, and the hub cannot be reached" if offline else
+                 "on a reachable Hugging Face hub")
         raise WorkloadError(f"cannot read the config of model '{source}' (not a local model folder nor {where}); "
                             f"{hint}") from exc
 
