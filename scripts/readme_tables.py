@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT / "scripts"))  # readme_gpu beside this file
 from readme_gpu import gpu_folders, gpu_section  # noqa: E402
 
 from optbench.optimizers.noise import filter_known_noise  # noqa: E402
-from optbench.records.record import Record, read_records  # noqa: E402
+from optbench.records.record import SCHEMA_VERSION, Record, read_records  # noqa: E402
 from optbench.report import metrics  # noqa: E402
 from optbench.report import render as report  # noqa: E402
 from optbench.report.frame import latest_per_trial, summarize, trials_frame  # noqa: E402
@@ -816,6 +816,7 @@ TABLES: dict[str, Callable[[], str]] = {
 VALUES: dict[str, Callable[[], str]] = {
     "registry.entries": registry_entries,
     "provenance.hosts": hosts,
+    "record.schema": lambda: str(SCHEMA_VERSION),
     "study.minutes": lambda: sweep_minutes("study.jsonl"),
     "study-control.minutes": lambda: sweep_minutes("study-control.jsonl"),
     "saturated-study.minutes": lambda: sweep_minutes("saturated/study.jsonl"),

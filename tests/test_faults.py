@@ -317,6 +317,16 @@ def test_a_writer_killed_mid_line_does_not_corrupt_the_next_append(tmp_path):
         assert [r.trial_id for r in read_records(out)] == ["b"]
 
 
+def test_a_run_killed_while_writing_its_first_record_resumes(tmp_path, capfd):
+    """Its results file held one torn line, and rerunning (the README's way to resume) was refused: "not a results
+    file". It reads as empty now, and the rerun appends the record on a line of its own."""
+    out = tmp_path / "r.jsonl"
+    out.write_text(json.dumps(Record(trial_id="x", optimizer="adamw", status="ok").to_dict())[:80])
+    assert main(["run", *TINY_RUN, "--no-figures", "--optimizers", "adamw", "--out", str(out)]) == 0
+    with pytest.warns(UserWarning, match="unreadable line"):
+        assert [r.status for r in read_records(out)] == ["ok"]
+
+
 @pytest.mark.parametrize("extra,code", [([], 3), (["--allow-errors"], 0)])
 def test_a_trial_that_times_out_makes_run_exit_3_with_one_line_naming_it(tmp_path, capfd, extra, code):
     """`error` and `timeout` are harness or library failures: a script must be able to tell a broken run from a

@@ -114,8 +114,32 @@ def test_check_writable_creates_the_folder_and_leaves_no_file(tmp_path):
 
 def test_a_json_file_that_is_not_records_is_refused(tmp_path):
     path = tmp_path / "r.jsonl"
-    path.write_text('{"hello": 1}\n')
-    with pytest.raises(ResultsFileError, match="not an optbench record"):
+    path.write_text('{"hello": 1}\n[1, 2]\n')
+    with pytest.raises(ResultsFileError, match=":1: not an optbench record"):
+        read_records(path)
+
+
+@pytest.mark.parametrize("pasted", ['{"foo": 1}', "[1, 2, 3]", '"text"'])
+def test_a_json_line_that_is_no_record_is_skipped_not_the_whole_file(tmp_path, pasted):
+    """One valid-JSON line that is not a record, pasted between records, made report, compare, recommend and a
+    resumed run refuse the whole file, where a line that is not JSON at all was skipped with a warning."""
+    path = tmp_path / "r.jsonl"
+    append_record(path, Record(trial_id="a", optimizer="adamw", status="ok"))
+    with open(path, "a") as handle:
+        handle.write(pasted + "\n")
+    append_record(path, Record(trial_id="b", optimizer="adamw", status="ok"))
+    with pytest.warns(UserWarning, match="line 2: not an optbench record"):
+        assert [r.trial_id for r in read_records(path)] == ["a", "b"]
+
+
+def test_a_file_whose_only_line_is_a_torn_record_reads_as_empty(tmp_path):
+    """A sweep killed while writing its first record left a file no rerun could resume ("not a results file")."""
+    path = tmp_path / "r.jsonl"
+    path.write_text(json.dumps(Record(trial_id="a", optimizer="adamw", status="ok").to_dict())[:100])
+    with pytest.warns(UserWarning, match="torn last line"):
+        assert read_records(path) == []
+    path.write_text('{"trial_id": "a", "optim')  # torn text of no record's beginning: still no results file
+    with pytest.raises(ResultsFileError, match=":1: not a JSON line"):
         read_records(path)
 
 

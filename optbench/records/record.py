@@ -26,6 +26,9 @@ from optbench.records.fields import RecordFieldError, field_problem
 from optbench.records.upgrade import upgrade
 
 SCHEMA_VERSION = 4  # what each version changed, and how older records read back: upgrade.py
+# How every record line begins (schema_version is Record's first field): a torn line that begins so is a record cut
+# mid-write, not another tool's text.
+RECORD_START = '{"schema_version": '
 MIB = 2**20
 GIB = 2**30
 REFERENCE_OPTIMIZER = "adamw"  # what every table, paired difference and "% of" column compares against
@@ -332,9 +335,11 @@ class ResultsFileError(ValueError):
 def read_records(path: Path) -> list[Record]:
     """Every record in a JSON Lines file.
 
-    Unreadable lines (a torn write, a line corrupted by hand, a field of the wrong type) are skipped with one
-    warning naming their line numbers and the first one's fault, so one bad line never hides the rest of a sweep.
-    A file with no readable record at all is refused: it is not a results file.
+    Unreadable lines (a torn write, a line corrupted by hand or pasted from elsewhere, a field of the wrong type) are
+    skipped with one warning naming their line numbers and the first one's fault, so one bad line never hides the
+    rest of a sweep. A file with no readable record at all is refused, it is not a results file, with one exception:
+    a file whose only line is a record cut mid-write (a sweep killed while writing its first one) reads as empty, so
+    rerunning the sweep resumes it.
     """
     if not path.is_file():
         raise ResultsFileError(f"no such results file: {path}")
@@ -350,15 +355,17 @@ def read_records(path: Path) -> list[Record]:
             faults[number] = f"not a JSON line ({exc.msg})"
             continue
         if not isinstance(data, dict) or "trial_id" not in data or "optimizer" not in data:
-            raise ResultsFileError(f"{path}:{number}: not an optbench record (no trial_id/optimizer)")
+            faults[number] = "not an optbench record (no trial_id/optimizer)"
+            continue
         try:
             records.append(Record.from_dict(data))
         except RecordFieldError as exc:
             faults[number] = str(exc)
     first = next(iter(faults), None)
-    if first is not None and not records:
+    torn_last = list(faults) == [len(lines)] and faults[first].startswith("not a JSON line")  # type: ignore[index]
+    if first is not None and not records and not (torn_last and lines[-1].startswith(RECORD_START)):
         raise ResultsFileError(f"{path}:{first}: {faults[first]}")
-    if list(faults) == [len(lines)] and faults[first].startswith("not a JSON line"):  # type: ignore[index]
+    if torn_last:
         warnings.warn(f"{path}:{len(lines)}: skipping a torn last line (sweep killed mid-write?)", stacklevel=2)
     elif faults:
         warnings.warn(f"{path}: skipping {len(faults)} unreadable line(s): {', '.join(map(str, faults))} (torn or "
