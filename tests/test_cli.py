@@ -270,3 +270,15 @@ def test_a_dataset_file_edited_under_its_name_is_a_new_trial_not_one_already_ok(
     assert records[0]["trial_id"] != records[1]["trial_id"]
     assert records[0]["dataset_sha256"] != records[1]["dataset_sha256"] and len(records[1]["dataset_sha256"]) == 64
     assert records[0]["job_key"] != records[1]["job_key"]
+
+
+@pytest.mark.parametrize("command", ["run", "study", "nightly", "explain"])
+def test_the_help_of_workload_names_every_workload(command, capsys):
+    """`custom` was accepted by every command and named in no help."""
+    from optbench.workloads import WORKLOADS
+
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    said = help_text[help_text.index("--workload WORKLOAD "):][:300]  # its help, not the usage line
+    assert all(name in said for name in WORKLOADS), said

@@ -81,8 +81,9 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_job_definition(job) -> None:
-    job.add_argument("--workload", help="minilm (pretrained BERT classifier, default), lm (causal LM from scratch) "
-                                        "or tiny (random-init BERT, for tests); see optbench.workloads")
+    job.add_argument("--workload", help="minilm (pretrained BERT classifier, default), lm (causal LM from scratch), "
+                                        "tiny (random-init BERT, for tests) or custom (--model as a sequence "
+                                        "classifier); see optbench.workloads")
     job.add_argument("--workload-option", action="append", metavar="KEY=VALUE",
                      help="a workload parameter, e.g. hidden_size=128 for tiny (repeatable)")
     job.add_argument("--model", help="HF model id or local folder, instead of the workload's model")
@@ -288,9 +289,9 @@ def _add_report_parser(commands) -> None:
     report = commands.add_parser("report", help="tabulate results files (default: results/*.jsonl)")
     report.add_argument("files", nargs="*", type=Path)
     report.add_argument("--out-dir", type=Path,
-                        help="where report.md, summary.csv and the PNG figures go (default: one FILE's own folder, "
-                             "FILE without its suffix, where `run --out FILE` writes; several files or none: "
-                             "results/)")
+                        help="where report.md, summary.csv and the PNG figures go (default: one results file's "
+                             "own folder, FILE without its suffix, where `run --out FILE` writes; several files: "
+                             "results/; no FILE: the files results/*.jsonl holds, by the same rule)")
     report.add_argument("--format", choices=["md", "csv", "json", "html"], default="md",
                         help="what is printed (md default); html also writes report.html with the figures")
     report.add_argument("--margin", type=positive_float, help="the difference that matters (see run)")
@@ -370,7 +371,7 @@ def _add_memory_parsers(commands) -> None:
     explain = commands.add_parser("explain", help="where an optimizer's state bytes go, parameter by parameter "
                                                   "(no training: the analytic map on a meta-device model)")
     explain.add_argument("optimizer", help="registry name or HF Trainer alias")
-    explain.add_argument("--workload", help="whose model: minilm (default) or lm")
+    explain.add_argument("--workload", help="whose model: minilm (default), lm, tiny or custom (--model's)")
     explain.add_argument("--model", help="local model folder or HF id (read offline from its config)")
     explain.add_argument("--parallel", choices=("none", *PARALLEL_MODES), default="none",
                          help="also each rank's state under this mode and every parameter whose state precision or "
