@@ -107,6 +107,16 @@ def test_estimate_columns_match_the_measured_ranks(adamw):
         assert held(adamw["fsdp2"], rank) == pytest.approx(estimate.per_gpu_bytes(2, stage=3), rel=0.01)
 
 
+def test_fsdp2_with_an_eval_curve_holds_what_it_holds_without_one(adamw):
+    """An eval-curve point (a forward with no backward) left FSDP2's root parameters gathered, so the optimizer's
+    state matched no parameter of the model: every fsdp2 trial with --eval-every, every fsdp2 study, ended `error`."""
+    record = in_group(TrialSpec(optimizer="adamw", parallel="fsdp2", eval_every=2, **TINY))
+    assert record.status == "ok", record.error
+    assert [point[0] for point in record.eval_curve] == [2, 4]  # the last point after the last step
+    without = adamw["fsdp2"].per_rank
+    assert [rank["state_bytes"] for rank in record.per_rank] == [rank["state_bytes"] for rank in without]
+
+
 @pytest.mark.skipif(not optimizers.resolve("adamw8bit").available, reason="needs bitsandbytes")
 def test_an_optimizer_failing_under_fsdp2_keeps_the_library_message():
     record = in_group(TrialSpec(optimizer="adamw8bit", parallel="fsdp2", **TINY))

@@ -71,7 +71,10 @@ class Setup:
 
 
 def evaluate(s: Setup, split: dict[str, torch.Tensor]) -> dict[str, float]:
-    """The workload's metrics on `split`, in eval mode (and the optimizer's eval mode, e.g. schedule-free)."""
+    """The workload's metrics on `split`, in eval mode (and the optimizer's eval mode, e.g. schedule-free).
+    Under FSDP2 the model is sharded again afterwards: a forward with no backward leaves the root module's
+    parameters gathered, and the optimizer's state, keyed by the sharded ones, then matched no parameter of the
+    model (every fsdp2 trial with an eval curve ended `error` in the state map)."""
     s.model.eval()
     s.entry.before_eval(s.optimizer)
     try:
@@ -80,6 +83,12 @@ def evaluate(s: Setup, split: dict[str, torch.Tensor]) -> dict[str, float]:
     finally:
         s.entry.after_eval(s.optimizer)
         s.model.train()
+        if s.spec.parallel == "fsdp2":
+            from torch.distributed.fsdp import FSDPModule
+
+            for module in s.model.modules():
+                if isinstance(module, FSDPModule):
+                    module.reshard()
 
 
 @dataclass
