@@ -9,7 +9,7 @@ import pytest
 from scipy import stats as scipy_stats
 
 from optbench.__main__ import main
-from optbench.records.record import Record, append_record
+from optbench.records.record import Record, append_record, read_records
 from optbench.report import compare, environments, metrics, noise
 
 MIB = 2**20
@@ -150,6 +150,7 @@ def bad_inputs(tmp_path):
     (tmp_path / "latin1.jsonl").write_bytes(b"\xff\xfe")
     _write(tmp_path / "elsewhere.jsonl", [dataclasses.replace(r, steps=99) for r in BASE])
     _write(tmp_path / "alike.jsonl", [dataclasses.replace(r, eval_size=7) for r in BASE])  # not in the label
+    _write(tmp_path / "mine-accuracy.jsonl", BASE)  # where an export to mine.jsonl puts its accuracy half
     return tmp_path
 
 
@@ -171,6 +172,10 @@ def bad_inputs(tmp_path):
     # a folder to export to was refused only after the comparison printed: exit 2 would hide a regression's 1
     (["{base}", "{base}", "--export-github-benchmark", "{tmp}/empty"], "it is a folder"),
     (["{base}", "{base}", "--export-github-benchmark", "{base}/x.json"], "a file, not a folder"),
+    # an export named like a results file replaced its records with the export, and the file read no more
+    (["{base}", "{base}", "--export-github-benchmark", "{base}"], "it is one of this command's inputs"),
+    (["{base}", "{base}", "--export-github-benchmark", "{tmp}/elsewhere.jsonl"], "it holds optbench records"),
+    (["{base}", "{base}", "--export-github-benchmark", "{tmp}/mine.jsonl"], "mine-accuracy.jsonl: it holds optbench"),
     (["{base}", "{tmp}/latin1.jsonl"], "latin1.jsonl: not UTF-8 text"),  # the file was not named
 ])
 def test_bad_input_is_one_line_and_exit_2(base, bad_inputs, capsys, args, message):
@@ -180,6 +185,7 @@ def test_bad_input_is_one_line_and_exit_2(base, bad_inputs, capsys, args, messag
     err = captured.err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
     assert captured.out == ""  # refused before any comparison is printed
+    assert [r.trial_id for r in read_records(base)] == [r.trial_id for r in BASE]  # nothing read was overwritten
 
 
 # --- noise-aware verdicts: per-step samples, seeds, environments ------------------------------------
@@ -281,8 +287,6 @@ def test_a_folder_of_runs_is_one_side(tmp_path, capsys):
 
 
 def compare_records(path):
-    from optbench.records.record import read_records
-
     return read_records(path)
 
 

@@ -39,14 +39,24 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
-def check_output(path: Path, flag: str) -> None:
+def check_output(path: Path, flag: str, inputs: tuple[Path, ...] = ()) -> None:
     """A file a command will write, checked before its work (minutes of measuring, or a comparison whose exit 1 a
     late exit 2 would hide) and without making anything: a folder there, or a file where a folder must be, is
-    one line now."""
+    one line now. So is a file it would overwrite that it reads (`inputs`) or that holds records: an export named
+    like its results file replaced the results with the export."""
+    from optbench.records.record import RECORD_START
     from optbench.records.writable import output_fault
 
     if fault := output_fault(path):
         raise UsageError(f"cannot write {flag} {path}: {fault}")
+    if path.is_file() and any(path.samefile(given) for given in inputs if given.is_file()):
+        raise UsageError(f"cannot write {flag} {path}: it is one of this command's inputs; name a new file")
+    if path.is_file():
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            holds_records = handle.read(len(RECORD_START) + 1).lstrip("\ufeff").startswith(RECORD_START)
+        if holds_records:
+            raise UsageError(f"cannot write {flag} {path}: it holds optbench records (a results file), which it "
+                             "would overwrite; name a new file")
 
 
 def load_records(files: list[Path]) -> list:

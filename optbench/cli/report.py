@@ -66,7 +66,9 @@ def compare_command(args: argparse.Namespace) -> int:
     if args.noise_history and not history:
         raise UsageError(f"no records in --noise-history {', '.join(map(str, args.noise_history))}")
     if args.export_github_benchmark is not None:  # before the comparison: a late exit 2 would hide a regression's 1
-        check_output(args.export_github_benchmark, "--export-github-benchmark")
+        read = (args.base, args.new, *(args.noise_history or ()))
+        for path in (args.export_github_benchmark, compare.accuracy_export_path(args.export_github_benchmark)):
+            check_output(path, "--export-github-benchmark", read)
     try:
         comparison = compare.compare(runs["BASE"], runs["NEW"], limits, history)
     except compare.CompareError as exc:
