@@ -76,6 +76,29 @@ def test_user_csv_with_string_labels_is_encoded_and_split(tmp_path):
     assert train.features["sentiment"].names == ["bad", "good"]
 
 
+@pytest.mark.parametrize("column, says", [("sentiment", "'sentiment' is empty in 2 of its 40 train rows (the first: "
+                                                         "row 6)"),
+                                          ("review", "'review' is empty in 2 of its 40 train rows (the first: row 6)")])
+def test_empty_cells_are_refused_not_a_class_or_a_text_named_none(tmp_path, column, says):
+    """Five empty label cells in fifty trained a fourth class, "None", and said nothing."""
+    frame = pd.DataFrame({"review": [f"text {i}" for i in range(40)], "sentiment": ["good", "bad"] * 20})
+    frame.loc[[5, 17], column] = None
+    frame.to_csv(tmp_path / "reviews.csv", index=False)
+    with pytest.raises(data.DatasetError, match=says.replace("(", r"\(").replace(")", r"\)")):
+        data.load_user_dataset(str(tmp_path / "reviews.csv"), "review", "sentiment")
+
+
+def test_a_class_label_of_minus_one_is_no_label(tmp_path):
+    """A ClassLabel's -1 (an unlabelled test split's) is an empty cell too."""
+    import datasets
+
+    features = datasets.Features({"text": datasets.Value("string"),
+                                  "label": datasets.ClassLabel(names=["neg", "pos"])})
+    split = datasets.Dataset.from_dict({"text": ["a", "b", "c"], "label": [0, -1, 1]}, features=features)
+    with pytest.raises(data.DatasetError, match="'label' is empty in 1 of its 3 held-out rows"):
+        data._refuse_empty_cells("x", "held-out", split, "label")
+
+
 def test_missing_column_names_the_columns_there(tmp_path):
     path = tmp_path / "reviews.csv"
     pd.DataFrame({"review": ["a", "b"], "y": [0, 1]}).to_csv(path, index=False)

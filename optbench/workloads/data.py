@@ -104,6 +104,20 @@ def _encode_labels(train: datasets.Dataset, held_out: datasets.Dataset | None, c
     return encoded(train), None if held_out is None else encoded(held_out)
 
 
+def _refuse_empty_cells(source: str, name: str, split: datasets.Dataset | None, column: str) -> None:
+    """Empty cells (None; -1, a ClassLabel's "no label", as in a benchmark's unlabelled test split) made a class
+    named "None" (or a label no loss takes) and a text "None", silently: refused, counted, the first one named."""
+    import datasets
+
+    if split is None:
+        return
+    empty_id = -1 if isinstance(split.features[column], datasets.ClassLabel) else None
+    empty = [row for row, value in enumerate(split[column], start=1) if value is None or value == empty_id]
+    if empty:
+        raise DatasetError(f"dataset {source}: '{column}' is empty in {len(empty)} of its {len(split)} {name} rows "
+                           f"(the first: row {empty[0]}); fill or drop them")
+
+
 def load_user_dataset(source: str, text_column: str, label_column: str | None
                       ) -> tuple[datasets.Dataset, datasets.Dataset]:
     """Train/eval splits from a local csv/json/parquet file or an HF dataset `name[:config]`.
@@ -135,6 +149,9 @@ def load_user_dataset(source: str, text_column: str, label_column: str | None
                                "text, not classes, which no classifier can learn from one example each (pick the "
                                "column that holds the classes with --label-column)")
     held_out = next((loaded[s] for s in ("validation", "test") if s in loaded), None)
+    for name, split in (("train", train), ("held-out", held_out)):
+        for column in (text_column, label_column) if label_column else (text_column,):
+            _refuse_empty_cells(source, name, split, column)
     if label_column and not isinstance(train.features[label_column], datasets.ClassLabel):
         train, held_out = _encode_labels(train, held_out, label_column)
     if label_column and len(set(train[label_column])) < 2:
