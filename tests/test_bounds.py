@@ -12,10 +12,10 @@ ROWS = 1000
 
 
 def _record(optimizer: str, seed: int, value: float, *, ceiling=0.97, chance=0.34, curve=None,
-            steps=150) -> Record:
+            steps=150, rows=ROWS) -> Record:
     return Record(trial_id=f"{optimizer}-{seed}", status="ok", optimizer=optimizer, seed=seed, workload="w",
-                  model="m", dataset="d", device="cpu", steps=steps, batch_size=16, seq_len=32, eval_size=ROWS,
-                  lr=1e-4, eval_metrics={"accuracy": value}, eval_accuracy=value, eval_rows=ROWS,
+                  model="m", dataset="d", device="cpu", steps=steps, batch_size=16, seq_len=32, eval_size=rows,
+                  lr=1e-4, eval_metrics={"accuracy": value}, eval_accuracy=value, eval_rows=rows,
                   metric_ceiling=ceiling, metric_chance=chance, state_bytes=1, state_bytes_per_param=1.0,
                   step_time_median_s=0.4, eval_curve=curve or [])
 
@@ -52,6 +52,27 @@ def test_the_same_pair_below_the_ceiling_is_equivalent_with_its_detectable_diffe
     table = display_tables(summarize(trials_frame(records)))[0][1].set_index("optimizer")
     assert table.loc["adamw", "ceiling"] == "0.9700"  # printed beside the metric
     assert table.loc["adamw8bit", "min. detectable Δ"].endswith(" pts")
+
+
+def test_every_seed_at_one_with_no_ceiling_known_is_saturated_at_the_metrics_maximum():
+    """A user's 30 held-out rows, both arms at accuracy 1.0 on two seeds: "equivalent within ±1 pt; min. detectable
+    Δ 1.00 pts" at a paired spread of 0, where one row is worth 3.3 points."""
+    records = [_record(name, seed, 1.0, ceiling=None, rows=30) for name in ("adamw", "adamw8bit") for seed in (0, 1)]
+    row = _verdict(records)
+    assert row["verdict_word_vs_adamw"] == stats.SATURATED
+    assert "every arm scored 1 on every seed, the metric's maximum" in row["verdict_vs_adamw"]
+    assert row["detectable_vs_adamw"] == pytest.approx(100 / 30)  # not finer than one eval row
+
+
+def test_a_split_whose_one_row_outweighs_the_margin_calls_no_sameness():
+    records = [_record(name, seed, 0.9, ceiling=None, rows=30) for name in ("adamw", "adamw8bit") for seed in (0, 1)]
+    row = _verdict(records)
+    assert row["verdict_word_vs_adamw"] == stats.INCONCLUSIVE
+    assert "one eval row is 3.3 pts, more than the ±1 pts margin" in row["verdict_vs_adamw"]
+    many = _verdict([_record(name, seed, 0.9, ceiling=None, rows=4000)
+                     for name in ("adamw", "adamw8bit") for seed in (0, 1)])
+    assert many["verdict_word_vs_adamw"] == stats.EQUIVALENT  # a row of 0.025 pts: the verdict stands
+    assert many["detectable_vs_adamw"] == pytest.approx(1.0)
 
 
 def test_curves_that_stopped_moving_are_saturated():

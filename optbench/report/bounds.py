@@ -8,11 +8,14 @@ embedded tasks) and their eval curves; these rules read them.
 - **untrained**: a final within UNTRAINED_POINTS points of chance (accuracy-like metrics), or at or above the
   unigram perplexity (perplexity, loss). Its quality cells say `untrained`, not a number.
 - **saturated**, at the ceiling: every compared arm's mean is within the eval split's binomial noise of the
-  ceiling, CEILING_Z · √(c(1-c)/rows) (a metric in [0, 1]); for a "min" metric such as perplexity, within the
-  verdict margin of the floor (its noise is not binomial).
+  ceiling, CEILING_Z · √(c(1-c)/rows) (a metric in [0, 1]; where no ceiling is known, its maximum 1 on every seed);
+  for a "min" metric such as perplexity, within the verdict margin of the floor (its noise is not binomial).
 - **saturated**, stopped moving: on every seed of every compared arm, the eval curve's last point differs from
   its point at two thirds of the steps by less than FLAT_SHARE of the verdict margin. (A linear decay slows the
   last third, but a job with room still gains more than that in it; a job at its plateau does not.)
+
+- **too coarse**: one eval row is worth more of a metric in [0, 1] than the margin (100/rows points): the verdicts of
+  sameness become *inconclusive*, and no minimum detectable difference is finer than one row.
 
 A saturated comparison keeps its interval and minimum detectable difference; it replaces only the verdicts of
 sameness (equivalent, non-inferior, inconclusive): a real difference (better, worse) stays a finding.
@@ -20,6 +23,7 @@ sameness (equivalent, non-inferior, inconclusive): a real difference (better, wo
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -67,9 +71,13 @@ def ceiling_noise(ceiling: float, rows: int) -> float:
 
 def _at_ceiling(arms: Sequence[Arm], ceiling: float | None, rows: int | None, mode: str, scale: str,
                 margin: float) -> str | None:
-    if not stats.is_finite(ceiling) or any(not arm.values for arm in arms):
+    if any(not arm.values for arm in arms):
         return None
     means = [sum(arm.values) / len(arm.values) for arm in arms]
+    if not stats.is_finite(ceiling) and scale == stats.POINTS and mode == "max":  # unknown: the metric's own top
+        return "every arm scored 1 on every seed, the metric's maximum" if all(mean >= 1.0 for mean in means) else None
+    if not stats.is_finite(ceiling):
+        return None
     if scale == stats.POINTS and mode == "max" and rows:
         noise = ceiling_noise(ceiling, rows)  # type: ignore[arg-type]
         if all(mean >= ceiling - noise for mean in means):  # type: ignore[operator]
@@ -110,6 +118,30 @@ def saturation(arms: Sequence[Arm], ceiling: float | None, rows: int | None, met
                margin: float) -> str | None:
     """Why the compared arms are saturated (at the ceiling, or stopped moving), or None when they are not."""
     return _at_ceiling(arms, ceiling, rows, mode, scale, margin) or _stopped(arms, metric, scale, margin)
+
+
+def one_row_points(rows: int | None, scale: str) -> float | None:
+    """What one eval row is worth of a metric in [0, 1], in points (100 / rows): one seed sees no finer difference."""
+    return 100 / rows if scale == stats.POINTS and stats.is_finite(rows) and rows > 0 else None  # type: ignore[operator]
+
+
+def judged(found: stats.Verdict, arms: Sequence[Arm], ceiling: float | None, rows: int | None, metric: str,
+           mode: str, scale: str) -> stats.Verdict:
+    """`found` as the bounds let it stand. A verdict of sameness on saturated arms is `saturated`; on an eval split
+    whose one row is worth more than the margin, `inconclusive` (30 rows, both arms at 1.0 on two seeds, read
+    "equivalent within ±1 pt" at a paired spread of 0); and no minimum detectable difference is finer than a row."""
+    grain = one_row_points(rows, scale)
+    if grain is not None and found.detectable is not None and found.detectable < grain:
+        found = dataclasses.replace(found, detectable=grain)
+    if found.word not in SAMENESS:
+        return found
+    if why := saturation(arms, ceiling, rows, metric, mode, scale, found.margin):
+        return dataclasses.replace(found, word=stats.SATURATED, text=f"saturated: {why}", seeds_needed=None)
+    if grain is not None and grain > found.margin:
+        return dataclasses.replace(found, word=stats.INCONCLUSIVE, seeds_needed=None, text=(
+            f"inconclusive: one eval row is {grain:.2g} pts, more than the ±{found.margin:g} pts margin (a larger "
+            "held-out split resolves it)"))
+    return found
 
 
 def single(values: Iterable[object]) -> float | None:

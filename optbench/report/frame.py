@@ -372,12 +372,10 @@ def _verdict_cells(found: stats.Verdict | None, trials: pd.DataFrame, pair: tupl
             return {"delta_untrained": True, "verdict_vs_adamw": found.text, "verdict_word_vs_adamw": found.word}
         return {"delta_untrained": True}
     row = pair[0]
-    mode, margin = str(row["target_mode"]), found.margin
+    mode = str(row["target_mode"])
     arms = [_arm(trials, str(side["optimizer"])) for side in pair]
-    why = bounds.saturation(arms, row.get("metric_ceiling"), row.get("eval_rows"), str(row["target_metric"]), mode,
-                            scale, margin)
-    if why and found.word in bounds.SAMENESS:
-        found = dataclasses.replace(found, word=stats.SATURATED, text=f"saturated: {why}", seeds_needed=None)
+    found = bounds.judged(found, arms, row.get("metric_ceiling"), row.get("eval_rows"), str(row["target_metric"]),
+                          mode, scale)
     sign = 1.0 if mode == "max" else -1.0  # shown as the metric moves (perplexity up = worse)
     return {"delta_vs_adamw": sign * found.difference.mean, "delta_vs_adamw_ci": found.difference.half_width,
             "delta_vs_adamw_n": found.difference.n, "delta_unit": found.unit, "verdict_vs_adamw": found.text,
