@@ -187,6 +187,15 @@ def test_a_near_tie_within_the_binomial_band_goes_to_the_middle_of_the_grid():
     assert finer.lr == 1e-4  # band 0.73 pts: .875 and .88 tie, equally far from 1e-3: the smaller lr
 
 
+def test_a_perfect_validation_score_leaves_the_band_one_row_wide_not_zero():
+    """A user's 30 validation rows, two lrs at 1.0 and one a row short: the binomial error at p = 1 is 0, so the
+    band was 0 and a row short lost; the band is now that of p one row from 1."""
+    choice = stats.choice_from_records("adamw", GRID, _tune({0: [0.5, 29 / 30, 1.0, 1.0, 0.5]}, val_rows=30), 100)
+    near = 29 / 30
+    assert choice.band == pytest.approx(math.sqrt(2 * near * (1 - near) / 30))
+    assert choice.note.startswith("3 lrs within the near-tie band") and choice.lr == 1e-3
+
+
 def test_two_tune_seeds_average_and_their_spread_widens_the_band():
     seeds = {0: [0.70, 0.86, 0.82, 0.92, 0.50], 1: [0.72, 0.84, 0.90, 0.86, 0.50]}
     one = stats.choice_from_records("adamw", GRID, _tune({0: seeds[0]}, val_rows=None), 100)

@@ -290,7 +290,8 @@ class LrChoice:
 def tie_band(points: Sequence[LrPoint], mode: str, val_rows: int | None = None) -> tuple[float, str]:
     """The near-tie band: the standard error of the difference of two grid points' means, √2 x SE(mean).
 
-    Per tune seed, a metric in [0, 1] has the binomial error √(p(1-p)/val_rows) of its validation split,
+    Per tune seed, a metric in [0, 1] has the binomial error √(p(1-p)/val_rows) of its validation split (p kept
+    one row from 0 and 1, where that error would be 0 and every lr short of the best's perfect score a loser),
     combined (root sum of squares) with the pooled across-seed SD when there are >= 2 tune seeds; other
     metrics use the seed SD alone, or 0.5 % of the best value with one seed. Records without `val_rows`
     and one seed (schema 1) keep the old fixed half point.
@@ -303,7 +304,8 @@ def tie_band(points: Sequence[LrPoint], mode: str, val_rows: int | None = None) 
     pooled = math.sqrt(sum((len(v) - 1) * float(np.var(v, ddof=1)) for v in spread) / dof) if dof else None
     parts, basis = [], []
     if scale_of(mode, [p.value for p in usable]) == POINTS and val_rows:
-        parts.append(best * (1 - best) / val_rows)
+        near = min(max(best, 1 / val_rows), 1 - 1 / val_rows)  # at 0 or 1 the binomial error is 0: one row off
+        parts.append(near * (1 - near) / val_rows)
         basis.append(f"binomial error of {val_rows} validation rows")
     if pooled is not None:
         parts.append(pooled**2)
