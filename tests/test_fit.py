@@ -234,3 +234,11 @@ def test_fit_end_to_end_through_the_command_line(tmp_path, capsys):
     assert cells[-1] == "the grid's largest size (4) fits; larger sizes were not tried"
     assert abs(float(cells[4]) - max(fit.measured_peak(r) for r in records) / MIB) <= 0.05  # the largest, MiB
     assert out.with_suffix(".md").read_text() in printed and imread(out.with_suffix(".png")).shape[0] > 0
+
+
+def test_a_refused_fit_leaves_no_results_folder(tmp_path, monkeypatch, capsys):
+    """`fit --workload nope` said so in one line, after making its --out's folder (results/) for nothing."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["fit", "--memory", "1GiB", "--workload", "nope", "--device", "cpu"]) == 2
+    assert "unknown workload 'nope'" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []

@@ -126,6 +126,15 @@ def test_a_baseline_of_another_job_is_a_setup_error(tmp_path, fake_stages, capsy
     assert len(err) == 1 and "is another job" in err[0]
 
 
+def test_a_night_outside_the_repository_is_refused_before_it_makes_its_folder(tmp_path, monkeypatch, capsys):
+    """It wrote --out/environment.json first, then refused: no benchmarks/ here."""
+    monkeypatch.chdir(tmp_path)
+    assert _night(tmp_path, "n") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no benchmarks/ here" in err[0], err
+    assert not (tmp_path / "n").exists()
+
+
 @pytest.mark.parametrize("args,message", [
     (["--optimizers", "nope"], "unknown optimizer"),
     (["--preset", "default"], "invalid choice"),

@@ -120,8 +120,8 @@ def fit_command(args: argparse.Namespace) -> int:
     if args.repeats < 2:
         raise UsageError("--repeats must be at least 2: one trial per size cannot show how far a peak moves between "
                          "runs")
-    check_out(args.out)  # a folder or another tool's file there: one line now, not a traceback after the probes
     check_inputs(job)  # a bad workload, model or device is one line here, not a traceback or six failed probes
+    check_out(args.out)  # a folder or another tool's file there: one line now; it makes --out's folder, so last
     try:
         result = fit.fit(args.memory, names, args.out, job=job, grow_by=args.grow, max_size=args.max_size,
                          run=functools.partial(fit.run_probe, sweep=run_sweep), repeats=args.repeats)

@@ -150,9 +150,12 @@ def night_environment(device: str, run: nvidia.Runner | None = None) -> dict:
 
 
 def check_folders(config: NightConfig) -> None:
-    """--out and --baseline, before anything is made: a night into a folder that holds one would resume an old
-    night's trials as tonight's, and a night into its own baseline (or either inside the other) would compare the
-    night with itself and then rotate it over itself."""
+    """The suite's benchmarks/ folder (a night runs from the repository root), --out and --baseline, before
+    anything is made: a night into a folder that holds one would resume an old night's trials as tonight's, and a
+    night into its own baseline (or either inside the other) would compare the night with itself and then rotate it
+    over itself."""
+    if not BENCHMARK_DIR.is_dir():
+        raise NightlyError(f"no {BENCHMARK_DIR}/ here: run `optbench nightly` from the repository root")
     out, baseline = config.out.resolve(), config.baseline.resolve()
     if out == baseline or out.is_relative_to(baseline) or baseline.is_relative_to(out):
         raise NightlyError(f"--out {config.out} and --baseline {config.baseline} must be separate folders, neither "
@@ -179,8 +182,6 @@ def check_baseline_key(baseline: Path, env: dict) -> None:
 
 def _run_stages(night: Night) -> None:
     config, out = night.config, night.config.out
-    if not BENCHMARK_DIR.is_dir():
-        raise NightlyError(f"no {BENCHMARK_DIR}/ here: run `optbench nightly` from the repository root")
     # --device cpu on a GPU box: hide the GPUs from the suite, whose fixture picks a device by itself.
     bench_env = {"CUDA_VISIBLE_DEVICES": ""} if config.device == "cpu" else None
     status = _stage(night, "benchmarks", benchmark_command(config, out / BENCHMARK_FILE), bench_env)
@@ -283,13 +284,13 @@ def run_night(config: NightConfig) -> Night:
     """Every stage in order; raises NightlyError for what is exit 2. The caller maps clean/regression to 0/1."""
     check_folders(config)
     env = night_environment(config.device)  # a device the night cannot run is refused before --out is made
+    check_baseline_key(config.baseline, env)  # so is a baseline of another machine
     try:
         config.out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise NightlyError(f"cannot create --out {config.out}: {exc.strerror or exc}") from None
     (config.out / ENVIRONMENT_FILE).write_text(json.dumps(env, indent=2) + "\n", encoding="utf-8")
     night = Night(config)
-    check_baseline_key(config.baseline, env)
     _run_stages(night)
     _write_reports(night)
     if all((config.baseline / name).is_file() for name in (SWEEP_FILE, BENCHMARK_FILE)):
