@@ -121,6 +121,7 @@ CASES = [
     (FIT + ["--seq-len", "600"], "--seq-len 600 is more than the 512 positions tiny-bert-h64 has"),
     # nightly: a missing baseline flag, a preset or optimizer that does not exist, not run from the repository
     (NIGHT[:1] + NIGHT[3:], "nightly needs --baseline"),
+    (["nightly"], "nightly needs --baseline and --out"),  # was: no CUDA device, on a CPU machine
     (NIGHT + ["--preset", "huge"], "--preset: invalid choice"),
     (NIGHT + ["--optimizers", "nosuch"], "unknown optimizer 'nosuch'"),
     (NIGHT, "no benchmarks/ here: run `optbench nightly` from the repository root"),

@@ -30,19 +30,20 @@ def nightly_command(args: argparse.Namespace) -> int:
     from optbench.report.compare import thresholds_for
     from optbench.workflows import nightly
 
-    default_device(args)
     if args.print_baseline_key:
         given = [flag for flag, value in (("--baseline", args.baseline), ("--out", args.out)) if value is not None]
         if given:
             raise UsageError(f"--print-baseline-key prints the key and runs no night; drop {' and '.join(given)}")
+        default_device(args)
         try:
             print(nvidia.baseline_key(nightly.night_environment(args.device)))
         except nightly.NightlyError as exc:
             raise UsageError(str(exc)) from None
         return exits.OK
     missing = [flag for flag, value in (("--baseline", args.baseline), ("--out", args.out)) if value is None]
-    if missing:
+    if missing:  # said before the device: what the command needs at all comes first
         raise UsageError(f"nightly needs {' and '.join(missing)} (or --print-baseline-key alone)")
+    default_device(args)
     names = tuple(planner.resolve_names(args.optimizers)) if args.optimizers else ()
     limits = with_overrides(thresholds_for(device_kind(args.device)), args)
     config = nightly.NightConfig(device=args.device, preset=args.preset, baseline=args.baseline, out=args.out,
