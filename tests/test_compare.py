@@ -115,6 +115,17 @@ def test_a_trial_that_failed_or_vanished_is_a_regression(base, tmp_path, capsys)
     assert main(["compare", str(gone), str(base)]) == 0  # a new optimizer is news, not a regression
 
 
+def test_an_optimizer_trained_at_another_lr_is_a_warning_in_the_header(tmp_path, capsys):
+    """A run at the registry's lr against a study's finals at their tuned lr compared as one job, silently."""
+    base = _doctored(tmp_path / "base.jsonl", "adamw", lr=5e-5)
+    new = _doctored(tmp_path / "new.jsonl", "adamw", lr=3e-4)
+    assert main(["compare", str(base), str(new)]) == 0
+    out = capsys.readouterr().out
+    assert ("**Warning: adamw trained at lr 5e-05 in BASE and 0.0003 in NEW: its changes are the lr's as much as "
+            "the code's.**") in out
+    assert "adamw8bit trained at" not in out  # its lr did not change
+
+
 def test_export_for_github_action_benchmark(base, tmp_path, capsys):
     out = tmp_path / "gh" / "bench.json"
     assert main(["compare", str(base), str(base), "--export-github-benchmark", str(out)]) == 0

@@ -41,7 +41,7 @@ import pandas as pd
 
 from optbench.records.record import Record
 from optbench.report import cells, metrics, noise, stats
-from optbench.report.environments import busy_machine, environment_differences, run_commits
+from optbench.report.environments import busy_machine, environment_differences, lr_differences, run_commits
 from optbench.report.frame import key_difference, per_seed, summarize, trials_frame
 from optbench.report.metrics import MEMORY, QUALITY, TIME, Metric
 
@@ -106,7 +106,7 @@ class Comparison:
     regressions: list[str] = field(default_factory=list)  # one line per offending (job, optimizer, metric)
     commits: tuple[list[str], list[str]] = ([], [])  # git commits seen in BASE, in NEW
     env_differences: list[str] = field(default_factory=list)
-    busy: list[str] = field(default_factory=list)  # runs timed on an oversubscribed machine
+    warnings: list[str] = field(default_factory=list)  # a run timed on a busy machine; an optimizer at another lr
 
 
 def _value(row: pd.Series | None, column: str) -> float | None:
@@ -288,7 +288,8 @@ def compare(base: list[Record], new: list[Record], limits: Thresholds, history: 
         rows.append(row)
     return Comparison(rows=pd.DataFrame(rows), regressions=regressions, commits=(run_commits(base), run_commits(new)),
                       env_differences=environment_differences(base, new),
-                      busy=[w for w in (busy_machine(base, "BASE"), busy_machine(new, "NEW")) if w])
+                      warnings=[*(w for w in (busy_machine(base, "BASE"), busy_machine(new, "NEW")) if w),
+                                *lr_differences(base, new)])
 
 
 def _scale(metric: Metric, row: pd.Series, value: float | None) -> float | None:
@@ -356,7 +357,7 @@ def render_header(comparison: Comparison) -> str:
     if comparison.env_differences:
         lines += ["**Warning: the runs come from different environments; their numbers are not like with "
                   "like:**", "", *(f"- {line}" for line in comparison.env_differences), ""]
-    lines += [f"**Warning: {line}.**\n" for line in comparison.busy]
+    lines += [f"**Warning: {line}.**\n" for line in comparison.warnings]
     return "\n".join([*lines, LEGEND, ""])
 
 

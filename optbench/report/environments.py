@@ -1,10 +1,12 @@
 """Whether two runs' numbers are like with like: the commits they were measured at, the environment keys that
-change what a number means (machine, library versions, threads) and whether a run was timed on a busy machine.
-`compare` puts all three in its header; `--strict-env` refuses unlike environments."""
+change what a number means (machine, library versions, threads), whether a run was timed on a busy machine, and
+whether an optimizer trained at another lr. `compare` puts all four in its header; `--strict-env` refuses unlike
+environments."""
 
 from __future__ import annotations
 
 from optbench.records.record import MACHINE_KEYS, Record
+from optbench.report.frame import job_id
 
 # Environment keys that change what a number means: (where, key). "record" is a Record field, "env" its stamp.
 ENV_KEYS = (("record", "device_name"), ("env", "cpu"), ("env", "cpu_count"), *(("env", key) for key in MACHINE_KEYS))
@@ -48,3 +50,21 @@ def busy_machine(records: list[Record], name: str) -> str | None:
     cores = max(c for _, c in loads)
     return (f"{name} was timed on a busy machine (1-minute load up to {max(busy):.1f} on {cores} cores in "
             f"{len(busy)} of {len(loads)} trials): its times include other work")
+
+
+def lr_differences(base: list[Record], new: list[Record]) -> list[str]:
+    """Per job and optimizer both runs trained ok, a warning where its lr differs. The job key leaves the lr out
+    (each optimizer has its own), so a run at a study's tuned lr and one at the registry's default compare as one
+    job, and a change between them is the lr's as much as the code's."""
+    def lrs(records: list[Record]) -> dict[tuple[str, str], set[float]]:
+        found: dict[tuple[str, str], set[float]] = {}
+        for record in records:
+            if record.status == "ok":
+                found.setdefault((job_id(record.job_key), record.optimizer), set()).add(record.lr)
+        return found
+
+    before, after = lrs(base), lrs(new)
+    shown = {pair: [", ".join(f"{lr:g}" for lr in sorted(run[pair])) for run in (before, after)]
+             for pair in before if pair in after and before[pair] != after[pair]}
+    return [f"{optimizer} trained at lr {old} in BASE and {now} in NEW: its changes are the lr's as much as the code's"
+            for (_, optimizer), (old, now) in shown.items()]
