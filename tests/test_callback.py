@@ -48,10 +48,12 @@ def user_run(tmp_path, monkeypatch):
 def test_readme_example_appends_one_record(user_run):
     trainer, path = user_run
     [record] = read_records(path)
-    assert record.status == "ok" and record.engine == "trainer" and record.optimizer == "adamw_torch"
+    assert record.status == "ok" and record.engine == "trainer"
+    assert record.optimizer == trainer.args.optim.value  # what Trainer built (its default: adamw_torch_fused)
     adamw = optimizers.resolve("adamw").analytic_for(trainer.model)
     assert record.state_bytes == record.analytic_state_bytes == adamw.state_bytes
-    assert record.state_precision == "fp32"  # adamw_torch is the registry's adamw
+    assert record.state_precision == "fp32"  # Trainer's AdamW is the registry's adamw, fused or not
+    assert record.dataset == "my-reviews" and record.seq_len == 128  # the settings the example gives
     assert set(record.state_bytes_by_key) == {"exp_avg", "exp_avg_sq", "step"}
     assert record.num_params == sum(p.numel() for p in trainer.model.parameters())
     assert record.peak_rss_bytes > 0 and record.peak_rss_growth_bytes is not None
@@ -78,6 +80,40 @@ def test_a_users_trainer_run_is_described_as_a_trial_is(user_run):
     assert set(record.state_bytes_by_module) == set(trial.state_bytes_by_module)
     assert sum(record.state_bytes_by_module.values()) == record.state_bytes
     assert record.factored_numel == trial.factored_numel  # the same tiny BERT, counted the same way
+
+
+TINY_JOB = TrialSpec(optimizer="adamw", workload="tiny", seq_len=16, eval_size=32)
+
+
+def _trainer_run(tmp_path, callback, own_optimizer=None, **arguments) -> None:
+    """Three steps of a plain Trainer on the tiny BERT; `own_optimizer(model)`: an optimizer passed to Trainer."""
+    from transformers import Trainer, TrainingArguments
+
+    built = get_workload("tiny").build(TINY_JOB)
+    args = TrainingArguments(str(tmp_path / "out"), max_steps=3, use_cpu=True, report_to=[], **arguments)
+    passed = (own_optimizer(built.model), None) if own_optimizer else (None, None)
+    Trainer(model=built.model, args=args, train_dataset=SplitDataset(built.train), callbacks=[callback],
+            optimizers=passed).train()
+
+
+def test_the_optimizer_trainer_built_names_the_record_over_a_wrong_name(tmp_path):
+    """With optim="sgd", a callback told "adamw_torch" recorded adamw_torch: its name, precision and analytic
+    state were another optimizer's, and only `= analytic: no` hinted at it."""
+    with pytest.warns(UserWarning, match=r"optimizer_name 'adamw_torch' is not what Trainer trained with "
+                                         r"\(optim='sgd', SGD\): the record says 'sgd'"):
+        _trainer_run(tmp_path, OptbenchCallback(tmp_path / "r.jsonl", optimizer_name="adamw_torch"), optim="sgd")
+    [record] = read_records(tmp_path / "r.jsonl")
+    assert record.optimizer == "sgd" and record.state_bytes == record.analytic_state_bytes == 0
+
+
+@pytest.mark.parametrize("name, said", [("rmsprop", "rmsprop"), ("", "RMSprop")])
+def test_an_optimizer_passed_to_trainer_keeps_the_name_given_or_its_class(tmp_path, name, said):
+    """Trainer's `optim` (its default) did not build it: the name given stands, or else the optimizer's class."""
+    path = tmp_path / "r.jsonl"
+    _trainer_run(tmp_path, OptbenchCallback(path, optimizer_name=name),
+                 own_optimizer=lambda model: torch.optim.RMSprop(model.parameters(), lr=1e-3))
+    [record] = read_records(path)
+    assert record.optimizer == said
 
 
 def test_records_accumulate_across_runs(user_run):

@@ -39,10 +39,11 @@ class OptbenchCallback(TrainerCallback):
     """Measure a Trainer run; with `results_path`, append its record there when training ends.
 
     `settings` are Record fields the callback cannot see from Trainer (`workload="reviews"`,
-    `dataset=...`, `seq_len=128`): the report's headings and grouping use them. `optimizer_name` may be a
-    registry name or Trainer's `optim` alias; a known one also fills the state precision and the
-    analytic state bytes. `record` lets a caller (optbench's `trainer` engine) fill its own record; the
-    callback then only measures and leaves the describing and writing to the caller.
+    `dataset=...`, `seq_len=128`): the report's headings and grouping use them. The optimizer is named by
+    Trainer's `optim` when Trainer built it, else by `optimizer_name` (a registry name or an `optim` alias), else
+    by its class; a known name also fills the state precision and the analytic state bytes. `record` lets a
+    caller (optbench's `trainer` engine) fill its own record; the callback then only measures and leaves the
+    describing and writing to the caller.
     """
 
     def __init__(self, results_path: str | Path | None = None, optimizer_name: str = "", warmup_steps: int = 5,
@@ -132,13 +133,13 @@ class OptbenchCallback(TrainerCallback):
         record.lr, record.seed = args.learning_rate, args.seed
         record.wall_s = time.perf_counter() - self._started
         record.env = environment(args.device)
+        if optimizer is not None:
+            optimizer = getattr(optimizer, "optimizer", optimizer)  # Accelerate wraps Trainer's optimizer
+            record.optimizer = _trained_with(record.optimizer, args, model, optimizer)
         entry = _registry_entry(record.optimizer)
         if model is not None:
             record.model = record.model or getattr(getattr(model, "config", None), "_name_or_path", "") or ""
             describe_model(record, model, entry)
-        if optimizer is not None:
-            optimizer = getattr(optimizer, "optimizer", optimizer)  # Accelerate wraps Trainer's optimizer
-            record.optimizer = record.optimizer or type(optimizer).__name__
         describe_training(record, EngineResult(memory=self.memory, samples=self.samples), optimizer, entry, model)
         describe_final_loss(record)
         if self.diverged_at is None:
@@ -146,6 +147,26 @@ class OptbenchCallback(TrainerCallback):
         else:
             record.status, record.error = "diverged", f"loss became non-finite at step {self.diverged_at}"
         return record
+
+
+def _trained_with(named: str, args: Any, model: Any, optimizer: Any) -> str:
+    """The optimizer's name on the record. Trainer's `optim` where the optimizer is of the class Trainer builds for
+    it (the run's own setting: a name given to the callback that resolves to another entry is said in a warning
+    and overruled); else the name given; else the optimizer's class (a user's own optimizer passed to Trainer)."""
+    import warnings
+
+    from transformers import Trainer
+
+    optim = str(getattr(args.optim, "value", args.optim))
+    try:
+        built = isinstance(optimizer, Trainer.get_optimizer_cls_and_kwargs(args, model)[0])
+    except (ImportError, ValueError, TypeError, RuntimeError):  # a library missing, a model the name cannot take
+        built = False
+    if built and named and _registry_entry(named) is not _registry_entry(optim):
+        warnings.warn(f"optbench: optimizer_name {named!r} is not what Trainer trained with (optim={optim!r}, "
+                      f"{type(optimizer).__name__}): the record says {optim!r}", stacklevel=3)
+        return optim
+    return named or (optim if built else type(optimizer).__name__)
 
 
 def _registry_entry(name: str):
