@@ -342,6 +342,23 @@ def explain(optimizer: str) -> str:
     return "\n" + statemap.explain(optimizer).strip() + "\n"
 
 
+def command_output(*argv: str) -> str:
+    """A command as the docs show it, `$ python -m optbench ...` and what it prints, run here (no records: the
+    answer depends only on the registry and the code)."""
+    import contextlib
+    import io
+
+    from optbench.__main__ import main
+
+    printed = io.StringIO()
+    with contextlib.chdir(ROOT), contextlib.redirect_stdout(printed):  # paths as the docs type them
+        assert main(list(argv)) == 0, argv
+    return f"```text\n$ python -m optbench {' '.join(argv)}\n{printed.getvalue().strip()}\n```"
+
+
+ESTIMATE_SHOWN = "adamw,adafactor,adamw8bit,adamw8bit_torchao,adamw4bit_torchao"
+
+
 def predictor_band() -> str:
     """The held-out trials' error from their own recorded predictions (what each trial predicted before it ran)."""
     from optbench.memory import coverage
@@ -812,6 +829,12 @@ TABLES: dict[str, Callable[[], str]] = {
     "gate-campaign-trials-6-adafactor-20": lambda: gate_campaign_table("gate-campaign-trials-6-adafactor-20"),
     "gate-sleep": gate_sleep_table,
     "harness-factors": harness_factors_table,
+    "recommend-study": lambda: command_output("recommend", "--params", "22714371", "--gpu-memory", "1.1GiB",
+                                              "--results", "results/cpu-2core/study.jsonl",
+                                              "--optimizers", "adamw,adafactor,adamw8bit"),
+    "estimate-66m": lambda: command_output("estimate", "--params", "65783042", "--optimizers", ESTIMATE_SHOWN),
+    "estimate-7b": lambda: command_output("estimate", "--params", "7B", "--gpus", "8", "--gpu-memory", "80GiB",
+                                          "--optimizers", ESTIMATE_SHOWN),
 }
 VALUES: dict[str, Callable[[], str]] = {
     "registry.entries": registry_entries,

@@ -91,6 +91,9 @@ CASES = [
     (["estimate", "--params=-7B"], "expected a positive parameter count"),
     (["estimate", "--params", "7B", "--gpu-memory", "infGiB"], "expected a memory size with a unit"),
     (["estimate", "--model", "not-a-model"], "cannot read the config of model 'not-a-model'"),
+    (["estimate", "--params", "7B", "--optimizers", "adamw,nope"], "unknown optimizer 'nope'"),
+    (["recommend", "--params", "7B", "--gpu-memory", "24GiB", "--optimizers", "nope"], "unknown optimizer 'nope'"),
+    (["recommend", "--params", "7B", "--gpu-memory", "24GiB", "--num-labels", "3"], "--num-labels needs --model"),
     # recommend
     (["recommend", "--params", "7B"], "the following arguments are required: --gpu-memory"),
     (["recommend", "--params", "7B", "--gpu-memory", "0GiB"], "the memory size must be at least 1 byte"),

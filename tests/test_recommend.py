@@ -190,3 +190,24 @@ def test_an_empty_results_file_is_refused_by_recommend_and_estimate(tmp_path, ca
     for command in (["estimate", "--params", "7B"], ["recommend", "--params", "7B", "--gpu-memory", "80GiB"]):
         assert main([*command, "--results", str(empty)]) == 2
         assert capsys.readouterr().err.strip() == f"optbench: error: no records in {empty}"
+
+
+def test_the_optimizers_named_are_the_ones_compared_and_an_alias_is_its_entry(capsys):
+    """estimate printed all 63 entries and recommend ranked all of them: --optimizers names the ones a user chooses
+    between (the front is theirs), and AdamW stays the reference of estimate's % column when it is not shown."""
+    assert main(["estimate", "--params", "65783042", "--optimizers", "adamw_bnb_8bit,adafactor"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "---" not in line]
+    assert [row.split("|")[1].strip() for row in rows[1:]] == ["adafactor", "adamw8bit_hf"]  # registry order
+    assert "25.4" in rows[2]  # % of AdamW's state, AdamW not shown
+    budget = ["--params", "65783042", "--gpu-memory", "24GiB", "--optimizers", "adamw,adafactor"]
+    assert main(["recommend", *budget]) == 0
+    out = capsys.readouterr().out
+    assert "fits: 2 of 2 optimizers" in out and "adamw8bit" not in out
+
+
+def test_recommend_counts_the_head_num_labels_adds(capsys):
+    from optbench.workloads import minilm_path
+
+    assert main(["recommend", "--model", minilm_path(), "--num-labels", "3", "--gpu-memory", "1GiB",
+                 "--optimizers", "adamw"]) == 0
+    assert capsys.readouterr().out.startswith("22,714,371 trainable parameters")  # 22,713,216 + 384 x 3 + 3

@@ -347,6 +347,8 @@ def _add_memory_parsers(commands) -> None:
     estimate.add_argument("--num-labels", type=positive_int,
                           help="with --model: add a sequence-classification head with this many classes")
     estimate.add_argument("--results", type=Path, help="results file: use its measured state bytes/param")
+    estimate.add_argument("--optimizers", type=name_list,
+                          help="comma-separated registry names or HF Trainer aliases (default: every entry)")
     estimate.add_argument("--gpus", type=positive_int, default=1,
                           help="data-parallel GPUs; >1 adds ZeRO-1/2/3 columns")
     estimate.add_argument("--gpu-memory", type=memory_size, help="memory per GPU, e.g. 80GiB: what fits")
@@ -357,7 +359,12 @@ def _add_memory_parsers(commands) -> None:
     size = recommend.add_mutually_exclusive_group(required=True)
     size.add_argument("--params", type=param_count, help="parameter count: 65783042, 7e9 or 7B")
     size.add_argument("--model", help="local model folder or HF id: counted from its config on the meta device")
+    recommend.add_argument("--num-labels", type=positive_int,
+                           help="with --model: add a sequence-classification head with this many classes")
     recommend.add_argument("--gpu-memory", type=memory_size, required=True, help="memory per GPU, e.g. 24GiB")
+    recommend.add_argument("--optimizers", type=name_list,
+                           help="the ones to choose between: comma-separated registry names or HF Trainer aliases "
+                                "(default: every entry)")
     recommend.add_argument("--results", type=Path,
                            help="results file: adds the activation overhead and accuracy measured there")
     recommend.add_argument("--precision", choices=PRECISIONS, default="fp32",

@@ -44,12 +44,9 @@ def _check_shape(args: argparse.Namespace, size) -> None:
                          f"use --seq-len {positions} or less")
 
 
-def _say(note: str | None) -> None:
-    if note:
-        print(f"optbench: note: {note}", file=sys.stderr)
-
-
-def estimate_command(args: argparse.Namespace) -> int:
+def _size(args: argparse.Namespace):
+    """The model `estimate` and `recommend` count: --params, or --model (with --num-labels' head) from its config;
+    its --batch-size and --seq-len checked against it."""
     from optbench.memory import estimate
 
     if args.num_labels and args.params:
@@ -60,28 +57,47 @@ def estimate_command(args: argparse.Namespace) -> int:
     except estimate.EstimateError as exc:
         raise UsageError(str(exc)) from None
     _check_shape(args, size)
+    return size
+
+
+def _say(note: str | None) -> None:
+    if note:
+        print(f"optbench: note: {note}", file=sys.stderr)
+
+
+def estimate_command(args: argparse.Namespace) -> int:
+    from optbench.memory import estimate
+
+    size = _size(args)
     measured = None
     if args.results:
         here, note = estimate.measured_here(_load(args.results), size, args.precision)
         _say(note)
         measured = estimate.measured_bytes_per_param(here)
     rows = estimate.estimate(size, measured, args.precision, args.batch_size, args.seq_len, args.device_kind)
-    print(estimate.render(rows, size, args.gpus, args.gpu_memory))
+    print(estimate.render(rows, size, args.gpus, args.gpu_memory, _entries(args.optimizers)))
     return exits.OK
+
+
+def _entries(names: list[str] | None) -> set[str] | None:
+    """--optimizers as registry names (aliases folded); None: every entry, this machine's or not (an estimate is
+    for the machine the job will run on)."""
+    from optbench import optimizers
+
+    try:
+        return None if names is None else {optimizers.resolve(name).name for name in names}
+    except optimizers.UnknownOptimizerError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def recommend_command(args: argparse.Namespace) -> int:
     """Exit 0 when something fits, 1 when nothing does (the answer says what to try)."""
-    from optbench.memory import estimate, recommend
+    from optbench.memory import recommend
 
-    try:
-        size = estimate.size_from_count(args.params) if args.params else estimate.size_from_model(args.model)
-    except estimate.EstimateError as exc:
-        raise UsageError(str(exc)) from None
-    _check_shape(args, size)
+    size = _size(args)
     records = _load(args.results) if args.results else []
     rows = recommend.recommend(size, args.gpu_memory, records, args.precision, args.batch_size, args.seq_len,
-                               args.device_kind)
+                               args.device_kind, _entries(args.optimizers))
     _say(rows[0].memory_note if rows else None)
     print(recommend.render(rows, size, args.gpu_memory, args.precision, str(args.results) if args.results else None))
     return exits.OK if any(r.fits for r in rows) else exits.NOTHING_FITS

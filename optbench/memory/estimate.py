@@ -22,7 +22,7 @@ import dataclasses
 import decimal
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from optbench.memory import predict
@@ -311,8 +311,10 @@ def _fits(n_bytes: int, budget: int) -> str:
     return "yes" if n_bytes <= budget else f"no (+{_gib(n_bytes - budget)} GiB)"
 
 
-def render(estimates: Sequence[Estimate], size: ModelSize, gpus: int = 1, gpu_memory_bytes: int | None = None) -> str:
-    """A header saying what is counted, then one table row per optimizer (github-flavoured markdown)."""
+def render(estimates: Sequence[Estimate], size: ModelSize, gpus: int = 1, gpu_memory_bytes: int | None = None,
+           shown: Collection[str] | None = None) -> str:
+    """A header saying what is counted, then one table row per optimizer (github-flavoured markdown); `shown`:
+    only these optimizers' rows (AdamW's state stays the reference of the % column)."""
     from tabulate import tabulate
 
     reference = next((e.state_bytes for e in estimates if e.optimizer == REFERENCE_OPTIMIZER), None)
@@ -329,7 +331,7 @@ def render(estimates: Sequence[Estimate], size: ModelSize, gpus: int = 1, gpu_me
         headers.append(f"fits {_gib(gpu_memory_bytes)} GiB")
         headers += [f"fits with ZeRO-{stage}" for stage in stages]
     rows = []
-    for e in estimates:
+    for e in (e for e in estimates if shown is None or e.optimizer in shown):
         row = [e.optimizer, e.precision, f"{e.state_bytes_per_param:.3f}", e.basis, _mib(e.state_bytes),
                _gib(e.state_bytes), f"{100 * e.state_bytes / reference:.1f}" if reference else "",
                _gib(e.per_gpu_bytes())]

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from optbench.memory import estimate as est
@@ -129,9 +129,10 @@ def _quality(records: Sequence[Record]) -> Quality:
 
 
 def recommend(size: est.ModelSize, budget_bytes: int, records: Sequence = (), precision: str = "fp32",
-              batch_size: int | None = None, seq_len: int | None = None, device_kind: str = "cuda"
-              ) -> list[Recommendation]:
-    """Every registered optimizer, Pareto front of those that fit first, then other fits, then misfits. With a
+              batch_size: int | None = None, seq_len: int | None = None, device_kind: str = "cuda",
+              candidates: Collection[str] | None = None) -> list[Recommendation]:
+    """Every registered optimizer (or the `candidates` a user chooses between: the front is theirs), Pareto front
+    of those that fit first, then other fits, then misfits. With a
     batch size and sequence length (and a model read from its config) memory is the predicted peak plus the
     predictor's safety margin (optbench.memory.predict), not a sum plus a measured overhead. From `records` only
     one job's final trials count (`finals_of`)."""
@@ -146,6 +147,8 @@ def recommend(size: est.ModelSize, budget_bytes: int, records: Sequence = (), pr
     fallback_activation = max(activations.values()) if activations else None
     rows = []
     for estimate in est.estimate(size, measured_state, precision, batch_size, seq_len, device_kind):
+        if candidates is not None and estimate.optimizer not in candidates:
+            continue
         activation = activations.get(estimate.optimizer, fallback_activation)
         own = quality.by_seed.get(estimate.optimizer, {})
         found = stats.paired_verdict(own, reference, quality.mode) if own and estimate.optimizer != \
