@@ -62,6 +62,8 @@ def test_markdown_and_figure(sweep, tmp_path):
     assert "R²" in markdown and all(name in markdown for name in NAMES)
     path = scaling.plot_scaling(sweep, tmp_path / "scaling.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    typed = scaling.plot_scaling(sweep, str(tmp_path / "typed.png"))  # docs/fidelity-scaling.md's call, a str path
+    assert typed.read_bytes() == path.read_bytes()
 
 
 def test_the_figure_keeps_its_panels_with_dozens_of_optimizers(tmp_path):

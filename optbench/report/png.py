@@ -36,8 +36,10 @@ def shrink_png(data: bytes) -> bytes:
     return out.getvalue()
 
 
-def save_figure(figure, path: Path, dpi: float | None = None) -> Path:
-    """Write a matplotlib figure to `path` as a palette PNG (at `dpi`, else the figure's own)."""
+def save_figure(figure, path: str | Path, dpi: float | None = None) -> Path:
+    """Write a matplotlib figure to `path` as a palette PNG (at `dpi`, else the figure's own); a str path too, as
+    the plotting functions' callers in code pass one."""
+    path = Path(path)
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=dpi if dpi is not None else "figure")
     path.parent.mkdir(parents=True, exist_ok=True)

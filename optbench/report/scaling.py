@@ -137,7 +137,7 @@ def render_scaling_markdown(records: Iterable[Record] | pd.DataFrame) -> str:
             "### Measured points\n\n" + points.to_markdown(index=False, floatfmt=",.3f") + "\n")
 
 
-def plot_scaling(records: Iterable[Record] | pd.DataFrame, path: Path) -> Path:
+def plot_scaling(records: Iterable[Record] | pd.DataFrame, path: str | Path) -> Path:
     """scaling.png: state bytes and median step time against parameter count per optimizer, log-log. Each
     optimizer keeps its colour, line style and marker from report/canvas.py, so 52 lines do not share ten looks."""
     from optbench.report.canvas import new_figure, optimizer_colour, optimizer_line, optimizer_marker
@@ -169,5 +169,4 @@ def plot_scaling(records: Iterable[Record] | pd.DataFrame, path: Path) -> Path:
         columns = min(len(labels), LEGEND_COLUMNS)
         figure.legend(handles, labels, loc="outside lower center", ncol=columns, fontsize=8)
         figure.set_figheight(4.5 + LEGEND_ROW_IN * math.ceil(len(labels) / columns))
-    save_figure(figure, path, dpi=120)
-    return path
+    return save_figure(figure, path, dpi=120)
