@@ -13,7 +13,6 @@ embedded tasks) and their eval curves; these rules read them.
 - **saturated**, stopped moving: on every seed of every compared arm, the eval curve's last point differs from
   its point at two thirds of the steps by less than FLAT_SHARE of the verdict margin. (A linear decay slows the
   last third, but a job with room still gains more than that in it; a job at its plateau does not.)
-
 - **too coarse**: one eval row is worth more of a metric in [0, 1] than the margin (100/rows points): the verdicts of
   sameness become *inconclusive*, and no minimum detectable difference is finer than one row.
 
