@@ -339,13 +339,18 @@ def _add_compare_parsers(commands) -> None:
     add_threshold_arguments(nightly)
 
 
-def _add_memory_parsers(commands) -> None:
-    estimate = commands.add_parser("estimate", help="weights + grads + optimizer state memory, before running")
-    size = estimate.add_mutually_exclusive_group(required=True)
+def _add_model_size(parser: argparse.ArgumentParser) -> None:
+    """The model `estimate` and `recommend` count: a parameter count, or a model's config (and a head)."""
+    size = parser.add_mutually_exclusive_group(required=True)
     size.add_argument("--params", type=param_count, help="parameter count: 65783042, 7e9 or 7B")
     size.add_argument("--model", help="local model folder or HF id: counted from its config on the meta device")
-    estimate.add_argument("--num-labels", type=positive_int,
-                          help="with --model: add a sequence-classification head with this many classes")
+    parser.add_argument("--num-labels", type=positive_int,
+                        help="with --model: add a sequence-classification head with this many classes")
+
+
+def _add_memory_parsers(commands) -> None:
+    estimate = commands.add_parser("estimate", help="weights + grads + optimizer state memory, before running")
+    _add_model_size(estimate)
     estimate.add_argument("--results", type=Path, help="results file: use its measured state bytes/param")
     estimate.add_argument("--optimizers", type=name_list,
                           help="comma-separated registry names or HF Trainer aliases (default: every entry)")
@@ -356,11 +361,7 @@ def _add_memory_parsers(commands) -> None:
                           help="training precision: bf16 means 2-byte weights and grads (autocast keeps fp32 ones)")
     _add_peak_arguments(estimate)
     recommend = commands.add_parser("recommend", help="which optimizers fit a memory budget, best trade-offs first")
-    size = recommend.add_mutually_exclusive_group(required=True)
-    size.add_argument("--params", type=param_count, help="parameter count: 65783042, 7e9 or 7B")
-    size.add_argument("--model", help="local model folder or HF id: counted from its config on the meta device")
-    recommend.add_argument("--num-labels", type=positive_int,
-                           help="with --model: add a sequence-classification head with this many classes")
+    _add_model_size(recommend)
     recommend.add_argument("--gpu-memory", type=memory_size, required=True, help="memory per GPU, e.g. 24GiB")
     recommend.add_argument("--optimizers", type=name_list,
                            help="the ones to choose between: comma-separated registry names or HF Trainer aliases "
