@@ -109,7 +109,7 @@ def _refuse_empty_cells(source: str, name: str, split: datasets.Dataset | None, 
     named "None" (or a label no loss takes) and a text "None", silently: refused, counted, the first one named."""
     import datasets
 
-    if split is None:
+    if split is None or column not in split.column_names:  # a held-out split without it: said where it is selected
         return
     empty_id = -1 if isinstance(split.features[column], datasets.ClassLabel) else None
     empty = [row for row, value in enumerate(split[column], start=1) if value is None or value == empty_id]
@@ -132,7 +132,8 @@ def load_user_dataset(source: str, text_column: str, label_column: str | None
     datasets.disable_progress_bars()
     loaded = _load(source)
     train = loaded["train"] if "train" in loaded else next(iter(loaded.values()))
-    for column in (text_column, label_column) if label_column else (text_column,):
+    columns = (text_column, label_column) if label_column else (text_column,)
+    for column in columns:
         if column not in train.column_names:
             raise DatasetError(f"dataset {source} has no column '{column}' "
                                f"(columns: {', '.join(train.column_names)}); "
@@ -150,7 +151,7 @@ def load_user_dataset(source: str, text_column: str, label_column: str | None
                                "column that holds the classes with --label-column)")
     held_out = next((loaded[s] for s in ("validation", "test") if s in loaded), None)
     for name, split in (("train", train), ("held-out", held_out)):
-        for column in (text_column, label_column) if label_column else (text_column,):
+        for column in columns:
             _refuse_empty_cells(source, name, split, column)
     if label_column and not isinstance(train.features[label_column], datasets.ClassLabel):
         train, held_out = _encode_labels(train, held_out, label_column)
