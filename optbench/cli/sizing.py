@@ -80,14 +80,12 @@ def estimate_command(args: argparse.Namespace) -> int:
 
 
 def _entries(names: list[str] | None) -> set[str] | None:
-    """--optimizers as registry names (aliases folded); None: every entry, this machine's or not (an estimate is
-    for the machine the job will run on)."""
-    from optbench import optimizers
+    """--optimizers as registry names, by the rule every command's --optimizers follows (planner.resolve_names:
+    aliases folded, `all`); None: every entry, this machine's or not (an estimate is for the machine the job will
+    run on)."""
+    from optbench.job import planner
 
-    try:
-        return None if names is None else {optimizers.resolve(name).name for name in names}
-    except optimizers.UnknownOptimizerError as exc:
-        raise UsageError(str(exc)) from None
+    return None if names is None else set(planner.resolve_names(names))
 
 
 def recommend_command(args: argparse.Namespace) -> int:
