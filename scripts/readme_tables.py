@@ -577,16 +577,17 @@ def roofline_steady() -> str:
             f"{roofline_bracketed('roofline-steady')}{post}")
 
 
-def roofline_paired() -> str:
-    """reference-results roofline-paired: five fused-AdamW trials with --paired-probe, each step against the stream
-    kernel's pass right after it (the trial's median share), and the same trials against the calibrated ceiling."""
-    folder = RESULTS / "roofline-paired"
+def roofline_paired(name: str = "roofline-paired") -> str:
+    """reference-results roofline-paired (and its replication, roofline-paired-2): five fused-AdamW trials with
+    --paired-probe, each step against the stream kernel's pass right after it (the trial's median share), and the same
+    trials against the calibrated ceiling."""
+    folder = RESULTS / name
     records = folder / "roofline.jsonl"
     if not records.is_file():
         return "not measured yet"
     ok = [r for r in read_records(records) if r.status == "ok" and r.paired_roofline_fraction is not None]
     if not ok:
-        raise NotMeasured("a trial with a paired share in roofline-paired/roofline.jsonl")
+        raise NotMeasured(f"a trial with a paired share in {name}/roofline.jsonl")
     shares = [100 * r.paired_roofline_fraction for r in ok]
     stray = stray_from_median(shares)
     passes = [b / 1e9 for r in ok for b in r.paired_probe_bytes_per_s]
@@ -602,7 +603,7 @@ def roofline_paired() -> str:
             f"{min(passes):.1f}–{max(passes):.1f} GB/s. Against any one ceiling the same trials stray as their "
             f"steps' own bandwidth does, {min(achieved):.1f}–{max(achieved):.1f} GB/s, ±"
             f"{100 * stray_from_median(achieved):.1f} %. Against the calibration{unsteady}: "
-            f"{roofline_bracketed('roofline-paired')}")
+            f"{roofline_bracketed(name)}")
 
 
 def _printed_level(path: Path, working_set_bytes: int) -> tuple[float, str]:
@@ -871,6 +872,7 @@ VALUES: dict[str, Callable[[], str]] = {
     "roofline.bracketed-2": lambda: roofline_bracketed("roofline-bracketed-2"),
     "roofline.steady": roofline_steady,
     "roofline.paired": roofline_paired,
+    "roofline.paired-2": lambda: roofline_paired("roofline-paired-2"),
     "roofline.kernel-width": kernel_width,
     "roofline.step-drift": step_drift,
     "roofline.fastest-steps": roofline_fastest_steps,
