@@ -487,7 +487,12 @@ def rooflines_read() -> str:
     triad = [r.triad_roofline_fraction for r in records if r.triad_roofline_fraction is not None]
     if not stream:
         raise NotMeasured("record with a roofline")
-    said = f"{len(stream)} records carry a roofline (against a steady calibration), the largest {max(stream):.1f} %"
+    within = [pct for pct in stream if pct <= 100]
+    said = f"{len(stream)} records carry a roofline (against a steady calibration), the largest {max(within):.1f} %"
+    if len(within) < len(stream):  # its ceiling did not hold for that trial: the tables show it as invalid
+        above = ", ".join(f"{pct:.1f}" for pct in stream if pct > 100)
+        said += (f", and {len(stream) - len(within)} above 100 % ({above} %): a ceiling the step outran is a failed "
+                 "measurement, which the tables leave out of the mean and count")
     if unsteady:
         said += (f"; {len(unsteady)} more carry a share of an unsteady calibration's ceiling, which no table shows "
                  f"as a roofline (the largest {100 * max(r.roofline_fraction for r in unsteady):.1f} %)")
@@ -837,7 +842,15 @@ TABLES: dict[str, Callable[[], str]] = {
     "estimate-7b": lambda: command_output("estimate", "--params", "7B", "--gpus", "8", "--gpu-memory", "80GiB",
                                           "--optimizers", ESTIMATE_SHOWN),
 }
+def exit_codes() -> str:
+    """The exit codes and what each means, from the one table the commands return them by."""
+    from optbench.records import exits
+
+    return "; ".join(f"{code} {meaning}" for code, meaning in sorted(exits.TABLE.items()))
+
+
 VALUES: dict[str, Callable[[], str]] = {
+    "exits": exit_codes,
     "registry.entries": registry_entries,
     "provenance.hosts": hosts,
     "record.schema": lambda: str(SCHEMA_VERSION),

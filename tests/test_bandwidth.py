@@ -6,11 +6,12 @@ import json
 import warnings
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 
 from optbench.__main__ import main
-from optbench.probes import bandwidth, measure, stream
+from optbench.probes import CACHE_ENV, bandwidth, measure, stream
 from optbench.records.environment import machine_key
 from optbench.records.record import Record, read_records
 from optbench.report import metrics
@@ -100,7 +101,7 @@ def _calibration(machine: str, low: float = 4.4e10, high: float = 6e10) -> bandw
 
 
 def test_the_file_is_per_machine_in_the_users_cache_and_round_trips(tmp_path, monkeypatch):
-    monkeypatch.setenv(bandwidth.CACHE_ENV, str(tmp_path))
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
     machine = machine_key(CPU)
     assert bandwidth.default_path(machine) == tmp_path / "bandwidth" / f"{machine}.json"
     assert str(torch.get_num_threads()) + "-threads" in machine  # a CPU's bandwidth depends on its threads
@@ -110,7 +111,7 @@ def test_the_file_is_per_machine_in_the_users_cache_and_round_trips(tmp_path, mo
 
 
 def test_without_a_file_or_with_another_machines_the_roofline_is_uncalibrated(tmp_path, monkeypatch):
-    monkeypatch.setenv(bandwidth.CACHE_ENV, str(tmp_path))
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
     found, source = bandwidth.load_for("this-machine")
     assert found is None and source.startswith("uncalibrated: no ") and "calibrate-bandwidth" in source
     other = bandwidth.save(_calibration("other-machine"), tmp_path / "given.json")
@@ -183,7 +184,7 @@ def test_an_unsteady_calibration_says_so_and_no_roofline_is_shown_against_it():
 
 
 def test_the_command_writes_no_unsteady_calibration(tmp_path, monkeypatch, capfd):
-    monkeypatch.setenv(bandwidth.CACHE_ENV, str(tmp_path))
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
     monkeypatch.setattr(bandwidth, "calibrate", lambda *args, **kwargs: _calibration(machine_key(CPU), low=2.9e10))
     assert main(["calibrate-bandwidth", "--device", "cpu"]) == 2
     out, err = capfd.readouterr()
@@ -216,7 +217,7 @@ def test_an_uncalibrated_record_has_no_roofline_and_says_why():
 
 
 def test_the_command_writes_into_the_cache_and_never_into_the_package(tmp_path, monkeypatch, capsys, small_buffers):
-    monkeypatch.setenv(bandwidth.CACHE_ENV, str(tmp_path))
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
     # 20 passes over 4 MiB buffers spread too widely to be steady; steadiness has its own tests above
     monkeypatch.setattr(bandwidth, "steady_calibration", lambda ceiling, spread: True)
     package = sorted(p for p in (ROOT / "optbench").rglob("*") if "__pycache__" not in p.parts)
@@ -272,14 +273,19 @@ def test_the_command_refuses_a_device_that_is_not_there(capfd):
     assert "sees no CUDA device" in capfd.readouterr().err
 
 
-def test_no_committed_record_reads_a_roofline_above_one():
-    """Every results file under results/, read through its schema: no record has a roofline above 1.0. The ones that
-    stored a ratio above 1.0 divided by a triad (a kernel the fused AdamW step outstreams: 1.73 in unsteady/, 1.15
-    against memory-level/'s calibration); schema 4 reads that ratio back as `triad_roofline_fraction`, kept as
-    measured, and the report shows no roofline for them. A stream-kernel roofline above 1.0 would fail here: a
-    ceiling below what the kernel moved is a measurement to redo, not a result to commit. A share of a ceiling
-    calibrated while the machine changed speed (kept with --keep-unsteady) is no roofline either: the record keeps
-    it as measured (roofline-paired/ holds one at 1.049) and no table shows it (the README counts them apart)."""
+def test_no_committed_record_reads_a_roofline_above_one_as_a_result():
+    """Every results file under results/, read through its schema: a roofline above 1.0 is a measurement failure,
+    never a result. The ones that stored a ratio above 1.0 divided by a triad (a kernel the fused AdamW step
+    outstreams: 1.73 in unsteady/, 1.15 against memory-level/'s calibration); schema 4 reads that ratio back as
+    `triad_roofline_fraction`, kept as measured, and the report shows no roofline for them. A share of a ceiling
+    calibrated while the machine changed speed (kept with --keep-unsteady) is no roofline either (roofline-paired/
+    holds one at 1.049). A stream-kernel roofline above 1.0 against a steady calibration is committed only as the
+    outcome of a set that ran once (roofline-steady/: a trial at 1.058 whose steps ran in the host's faster mode),
+    only where the trial's own probe said its machine was not the one calibrated, and the report shows it as a
+    measurement failure (`invalid_above`), not as a figure."""
+    from optbench.report.frame import aggregate
+
+    roofline = next(m for m in metrics.METRICS if m.column == "roofline_pct")
     above, triad = [], []
     for path in sorted((ROOT / "results").rglob("*.jsonl")):
         for record in read_records(path):
@@ -287,6 +293,9 @@ def test_no_committed_record_reads_a_roofline_above_one():
                 pass
             elif metrics.record_values(record)["bw_ceiling"] == "unsteady calibration":
                 assert metrics.record_values(record)["roofline_pct"] is None
+            elif record.device_bandwidth_probe_disagrees:
+                shown = aggregate(roofline, pd.Series([metrics.record_values(record)["roofline_pct"]]))
+                assert shown["roofline_pct"] is None and shown["roofline_pct_invalid"] == 1, shown
             else:
                 above.append(f"{path.relative_to(ROOT)}: {record.optimizer} {record.roofline_fraction:.3f}")
             if record.triad_roofline_fraction is not None:

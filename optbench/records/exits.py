@@ -20,12 +20,15 @@ INTERRUPTED = 128 + signal.SIGINT  # 130: Ctrl-C, after the trials finished so f
 TERMINATED = 128 + signal.SIGTERM  # 143: SIGTERM (a scheduler's or CI's cancel), likewise
 PIPE_CLOSED = 128 + signal.SIGPIPE  # 141: stdout's reader went away (`| head`), as a shell reports SIGPIPE
 
-TABLE = {OK: "ok (oom, diverged and skipped trials are results)",
-         REGRESSION: "a regression (compare, nightly), nothing fits (recommend), or a check failed (the predictor's "
-                     "coverage under 95 %, a tuned-lr table out of date)",
-         USAGE: "usage or set-up error (one line on stderr)",
-         TRIAL_FAILED: "a trial ended error or timeout (--allow-errors: 0)",
-         WRITE_FAILED: "the results file could not be written (disk full, read-only); rerun to resume",
-         INTERRUPTED: "interrupted by SIGINT after recording the finished trials",
-         TERMINATED: "terminated by SIGTERM after recording the finished trials",
-         PIPE_CLOSED: "stdout's reader went away (`| head`); what was recorded stays"}
+# What each code means, as the README says it (scripts/readme_tables.py renders it there from this table)
+TABLE = {OK: "ok (`oom`, `diverged` and `skipped` trials are results)",
+         REGRESSION: "a regression (`compare`, `nightly`), nothing fits (`recommend`), or a check failed (the "
+                     "predictor's coverage under 95 %, a tuned-lr table out of date)",
+         USAGE: "bad input or set-up: one line on stderr, no traceback, before any trial runs",
+         TRIAL_FAILED: "a trial ended `error` or `timeout` (a harness or library failure; one line names them; "
+                       "`--allow-errors` gives 0)",
+         WRITE_FAILED: "the results file stopped taking records (disk full, read-only): what was written stays; "
+                       "rerun to resume",
+         INTERRUPTED: "SIGINT, after the trials finished so far were recorded",
+         PIPE_CLOSED: "stdout's reader went away (`optbench list | head`); what was recorded stays",
+         TERMINATED: "SIGTERM (a scheduler's or CI's cancel), after the trials finished so far were recorded"}
