@@ -38,6 +38,17 @@ def test_a_clean_checkout_is_not_dirty_and_results_written_into_it_keep_it_clean
     assert git_dirty(repo) is False
 
 
+def test_the_stamp_never_writes_the_index(repo):
+    """`git status` refreshes a stale index and takes .git/index.lock to write it; a stamp's git killed at its
+    timeout, or with its trial, left the lock behind and the user's commits failed. The stamp reads only."""
+    index = repo / ".git" / "index"
+    stat = (repo / "code.py").stat()
+    os.utime(repo / "code.py", ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # same bytes, stale stat info
+    before = (index.read_bytes(), index.stat().st_mtime_ns)
+    assert git_dirty(repo) is False
+    assert (index.read_bytes(), index.stat().st_mtime_ns) == before
+
+
 @pytest.mark.parametrize("change", ["edit", "untracked"])
 def test_a_changed_or_added_source_file_makes_it_dirty(repo, change):
     (repo / ("code.py" if change == "edit" else "new.py")).write_text("x = 2\n")

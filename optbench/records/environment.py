@@ -40,9 +40,12 @@ PACKAGE_DIR = Path(__file__).resolve().parents[1]
 
 def _git(*args: str, cwd: Path = PACKAGE_DIR) -> str | None:
     """A git command's output in the checkout `cwd` is in (this package's, by default); None outside one (an
-    installed wheel) or without git."""
+    installed wheel) or without git. --no-optional-locks: `git status` otherwise takes the index lock to refresh the
+    index, and a stamp's git killed at its timeout (or with its trial) left .git/index.lock behind, after which the
+    user's own commits failed until they deleted it."""
     try:
-        out = subprocess.run(["git", *args], capture_output=True, text=True, timeout=5, cwd=cwd)
+        out = subprocess.run(["git", "--no-optional-locks", *args], capture_output=True, text=True, timeout=5,
+                             cwd=cwd)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout if out.returncode == 0 else None
