@@ -66,6 +66,9 @@ CASES = [
     (RUN + ["--dataset", "one-class.csv"], "has a single class in 'label'"),
     # a width BERT cannot build (the rule read "<= 32 or a multiple of 32, got -5", which -5 is)
     (RUN + ["--workload-option", "hidden_size=-5"], "hidden_size must be a positive whole number, at most 32 or a"),
+    # text that str.isdigit passes and int() does not read ("--5", "²") raised ValueError, a traceback
+    (RUN + ["--workload-option", "hidden_size=--5"], "hidden_size must be a positive whole number"),
+    (RUN + ["--workload-option", "hidden_size=²"], "hidden_size must be a positive whole number"),
     # the text given as labels: one column as both, or a column of text as the classes
     (RUN + ["--dataset", "reviews.csv", "--label-column", "text"], "--label-column text is the --text-column too"),
     (RUN + ["--dataset", "reviews.csv", "--text-column", "label", "--label-column", "text"],
@@ -252,3 +255,12 @@ def test_the_hub_counts_as_reachable_only_when_it_takes_a_connection(monkeypatch
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(socket, "create_connection", lambda *a, **k: nullcontext())
     assert not hub_reachable()  # HF_HUB_OFFLINE: the user said no network
+
+
+@pytest.mark.parametrize("count", ["²", "-1", "a100:²"])
+def test_a_gpu_count_int_cannot_read_is_refused_as_it_is_parsed(files, capfd, count):
+    """'²' passed str.isdigit and reached int() when the Slurm options were built: a ValueError traceback. Parsed
+    here, before any cluster is asked, so it holds with or without one."""
+    assert main(RUN + ["--executor", "slurm", "--gpus-per-trial", count]) == 2
+    lines = capfd.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "expected a GPU count" in lines[0], lines

@@ -198,3 +198,39 @@ def test_calibrate_main_refuses_the_package_folder_and_writes_where_it_is_told(t
     assert "copy it there to use it" in capsys.readouterr().out
     assert json.loads((tmp_path / "mine.json").read_text())["validation"]["trials"] == 3
     assert not (tmp_path / "cache").exists()  # the user's file was not touched
+
+
+@pytest.mark.parametrize("make,message", [
+    (lambda d: (d / "bad.jsonl").write_text("not json\n"), "bad.jsonl:1: not a JSON line"),
+    (lambda d: (d / "bad.jsonl").mkdir(), "no such results file (or a folder)"),
+    (lambda d: (d / "bad.jsonl").write_bytes(b"\xff\xfe\x00"), "is not UTF-8 text"),
+])
+def test_calibrate_main_says_a_bad_results_file_in_one_line(tmp_path, monkeypatch, capfd, make, message):
+    """A file that is no results file, a folder named as one, and binary bytes ended in tracebacks (the folder's
+    with 'no such results file', which it is not: it exists)."""
+    monkeypatch.setenv("OPTBENCH_CACHE", str(tmp_path / "cache"))
+    make(tmp_path)
+    assert cal.main(["--calibrate-on", str(tmp_path / "bad.jsonl"), "--out-dir", str(tmp_path / "out")]) == 2
+    err = capfd.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0] and "Traceback" not in err[0], err
+
+
+def test_calibrate_main_says_an_out_dir_that_is_a_file_in_one_line(tmp_path, monkeypatch, capfd):
+    monkeypatch.setenv("OPTBENCH_CACHE", str(tmp_path / "cache"))
+    fit_on = _write(tmp_path / "fit.jsonl", synthetic(SHAPES))
+    (tmp_path / "out").write_text("a file")
+    assert cal.main(["--calibrate-on", str(fit_on), "--out-dir", str(tmp_path / "out")]) == 2
+    err = capfd.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"optbench.memory.calibrate: cannot write {tmp_path / 'out'}"), err
+
+
+def test_the_bandwidth_and_the_memory_calibration_share_one_cache_folder(tmp_path, monkeypatch):
+    """Each resolved $OPTBENCH_CACHE on its own, and only the memory calibration expanded a leading ~: with
+    OPTBENCH_CACHE='~/oc' the bandwidth file went to a folder literally named '~' under the working directory."""
+    from optbench.probes import bandwidth
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("OPTBENCH_CACHE", "~/oc")
+    monkeypatch.delenv(bandwidth.FILE_ENV, raising=False)
+    assert store.user_calibration_path("cpu") == tmp_path / "oc" / "calibrations" / "cpu.json"
+    assert bandwidth.default_path("m") == tmp_path / "oc" / "bandwidth" / "m.json"

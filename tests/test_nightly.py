@@ -126,6 +126,24 @@ def test_a_baseline_of_another_job_is_a_setup_error(tmp_path, fake_stages, capsy
     assert len(err) == 1 and "is another job" in err[0]
 
 
+@pytest.mark.parametrize("name,text", [
+    (nightly.ENVIRONMENT_FILE, "{broken"),
+    (nightly.ENVIRONMENT_FILE, "[1, 2]"),
+    (nightly.SWEEP_FILE, "not a record"),
+    (nightly.BENCHMARK_FILE, "{}"),
+])
+def test_a_baseline_that_cannot_be_read_is_one_line_before_the_night(tmp_path, monkeypatch, capsys, name, text):
+    """A broken environment.json ended in a JSONDecodeError traceback before any stage; a broken baseline sweep or
+    suite file in a ResultsFileError traceback after the whole night had run. Both are read before the night now."""
+    monkeypatch.setattr(nightly, "_run_stages", lambda night: pytest.fail("a stage ran"))
+    (tmp_path / "baseline").mkdir()
+    (tmp_path / "baseline" / name).write_text(text + "\n")
+    assert _night(tmp_path, "n") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"--baseline: {tmp_path / 'baseline' / name} cannot be read" in err[0], err
+    assert not (tmp_path / "n").exists()
+
+
 def test_a_night_outside_the_repository_is_refused_before_it_makes_its_folder(tmp_path, monkeypatch, capsys):
     """It wrote --out/environment.json first, then refused: no benchmarks/ here."""
     monkeypatch.chdir(tmp_path)

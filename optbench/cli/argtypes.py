@@ -127,6 +127,6 @@ def sbatch_option(text: str) -> str:
 def gpu_request(text: str) -> str:
     """`N` or `TYPE:N` GPUs per trial (N >= 0), kept as typed."""
     kind, _, count = text.rpartition(":")
-    if not count.isdigit() or (kind and not all(c.isalnum() or c in "-_." for c in kind)):
+    if not (count.isascii() and count.isdigit()) or (kind and not all(c.isalnum() or c in "-_." for c in kind)):
         raise argparse.ArgumentTypeError(f"expected a GPU count, or TYPE:COUNT (e.g. a100:1), got '{text}'")
     return text

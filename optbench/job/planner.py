@@ -91,8 +91,17 @@ def workload_options(items: Sequence[str] | None) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise PlanError(f"--workload-option expects KEY=VALUE, e.g. hidden_size=128; got '{item}'")
-        options[key.strip()] = int(value) if value.strip().lstrip("-").isdigit() else value.strip()
+        options[key.strip()] = _int_or_text(value.strip())
     return options
+
+
+def _int_or_text(value: str) -> int | str:
+    """An integer where int() reads one (`128`, `-1`), else the text as given: `--5` or `²` pass str.isdigit's test
+    and made int() raise, a traceback where a workload's own check would say what it expects."""
+    try:
+        return int(value)
+    except ValueError:
+        return value
 
 
 def _parallel(flags: Mapping[str, Any]) -> dict[str, Any]:

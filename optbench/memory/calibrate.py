@@ -61,7 +61,7 @@ from optbench.memory.validation import (
 from optbench.optimizers import resolve
 from optbench.optimizers.noise import filter_known_noise
 from optbench.records import exits
-from optbench.records.record import MIB, Record, read_records
+from optbench.records.record import MIB, Record, ResultsFileError, read_records
 
 __all__ = ["CalibrationError", "calibrate", "calibrate_all", "error_band", "main", "measured_peak", "run_validation",
            "usable", "validation_table"]
@@ -302,18 +302,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.calibrate_on and not args.held_out:
         print("optbench.memory.calibrate: give --calibrate-on (fit), --held-out (validate) or both", file=sys.stderr)
         return exits.USAGE
-    missing = [str(p) for p in [*args.calibrate_on, *args.held_out] if not p.exists()]
+    missing = [str(p) for p in [*args.calibrate_on, *args.held_out] if not p.is_file()]
     if missing:
-        print(f"optbench.memory.calibrate: no such results file: {', '.join(missing)}", file=sys.stderr)
+        print(f"optbench.memory.calibrate: no such results file (or a folder): {', '.join(missing)}",
+              file=sys.stderr)
         return exits.USAGE
     target = args.calibration_file or user_calibration_path(args.device)
-    band, error = None, None
+    band = None
+    error: Exception | str | None = None
     with warnings.catch_warnings(record=True) as left_out:
         warnings.simplefilter("always", LeftOutWarning)
         try:
             band = run_validation(args.calibrate_on, args.held_out, args.out_dir, args.device, target)
-        except CalibrationError as exc:
+        except (CalibrationError, ResultsFileError) as exc:
             error = exc
+        except UnicodeDecodeError as exc:
+            error = f"a results file given is not UTF-8 text ({exc.reason} at byte {exc.start})"
+        except OSError as exc:  # --out-dir or --calibration-file where a file or folder stands in the way
+            error = f"cannot write {exc.filename}: {exc.strerror}"
     for warning in left_out:  # one line each, not a warning's file, line and source
         print(f"optbench.memory.calibrate: warning: {warning.message}", file=sys.stderr)
     if error is not None:

@@ -18,16 +18,15 @@ from __future__ import annotations
 import functools
 import json
 import math
-import os
 import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from optbench.probes import cache_dir
 from optbench.records.record import MIB
 
 SHIPPED_DIR = Path(__file__).parent / "calibrations"  # read-only: the package's calibrations
-CACHE_ENV = "OPTBENCH_CACHE"  # the user's cache folder; calibrations go to its calibrations/ subfolder
 # Uncalibrated defaults: on CPU the allocator keeps the freed activation pages (retained share 1, as
 # measured on MiniLM); on CUDA the caching allocator's `allocated` counts live tensors only (share 0).
 DEFAULT_RETAINED = {"cpu": 1.0, "cuda": 0.0}
@@ -172,8 +171,7 @@ class CalibrationSet:
 def user_calibration_path(device_kind: str) -> Path:
     """Where the user's own calibration of this device kind lives: `$OPTBENCH_CACHE/calibrations/<kind>.json`,
     else under `$XDG_CACHE_HOME/optbench` or `~/.cache/optbench`."""
-    cache = os.environ.get(CACHE_ENV) or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "optbench"
-    return Path(cache).expanduser() / "calibrations" / f"{device_kind}.json"
+    return cache_dir() / "calibrations" / f"{device_kind}.json"
 
 
 def shipped_calibration_path(device_kind: str) -> Path:

@@ -11,6 +11,21 @@ holds it in optbench/records/record.py.
 May import: nothing else of optbench (torch only).
 """
 
+import os
+from pathlib import Path
+
+CACHE_ENV = "OPTBENCH_CACHE"  # the user's cache folder: bandwidth/ and calibrations/ below it
+
+
+def cache_dir() -> Path:
+    """Where optbench keeps per-machine files (the bandwidth calibration, the user's memory calibration):
+    $OPTBENCH_CACHE, else $XDG_CACHE_HOME/optbench, else ~/.cache/optbench; a leading ~ is expanded. Torch-free: the
+    memory predictor reads its calibration without loading torch."""
+    given = os.environ.get(CACHE_ENV)
+    cache = Path(given) if given else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "optbench"
+    return cache.expanduser()
+
+
 # `optimizer_impl` of a step that calls torch.cuda.synchronize() after every parameter (bitsandbytes'
 # Optimizer8bit.step): the host waits out each kernel before it launches the next, so the step is host-serialised
 # and its roofline share is bound by launches and waits. Here, torch-free, so that the report can name it.

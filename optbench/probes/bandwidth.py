@@ -40,9 +40,8 @@ from typing import Any
 
 import torch
 
-from optbench.probes import STEADY_SHARE, measure, steady_calibration, stream
+from optbench.probes import STEADY_SHARE, cache_dir, measure, steady_calibration, stream
 
-CACHE_ENV = "OPTBENCH_CACHE"
 FILE_ENV = "OPTBENCH_BANDWIDTH_FILE"
 UNCALIBRATED = "uncalibrated"
 TRIAD = "triad"  # the kernel calibrations were measured with before stream.KERNEL: `a += s * b`, two operands
@@ -147,13 +146,6 @@ class BandwidthCalibration:
                 line += "; left out" if level in self.unsteady_levels else ""
             lines.append(line)
         return "\n".join(lines)
-
-
-def cache_dir() -> Path:
-    """Where optbench keeps per-machine files: $OPTBENCH_CACHE, else $XDG_CACHE_HOME/optbench, ~/.cache/optbench."""
-    if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "optbench"
 
 
 def default_path(machine: str) -> Path:

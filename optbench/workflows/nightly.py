@@ -167,17 +167,37 @@ def check_folders(config: NightConfig) -> None:
             raise NightlyError(f"{flag} {folder} is not a folder")
 
 
-def check_baseline_key(baseline: Path, env: dict) -> None:
-    """A baseline times one GPU (or CPU) model with one driver and one torch: another's timings differ for reasons
-    no code change made, so comparing across them is refused (each key gets its own baseline folder)."""
+def check_baseline(baseline: Path, env: dict) -> None:
+    """The baseline is read whole before the night runs: a file in it that is not what it should be is said in one
+    line now, not as a traceback after the night's hour. A baseline times one GPU (or CPU) model with one driver and
+    one torch: another's timings differ for reasons no code change made, so comparing across them is refused (each
+    key gets its own baseline folder)."""
+    for name, read in ((SWEEP_FILE, read_records), (BENCHMARK_FILE, read_benchmark_records)):
+        if (baseline / name).is_file():
+            _read_baseline(baseline / name, read)
     stamp = baseline / ENVIRONMENT_FILE
     if not stamp.is_file():
         return
-    theirs, ours = nvidia.baseline_key(json.loads(stamp.read_text(encoding="utf-8"))), nvidia.baseline_key(env)
+    theirs, ours = nvidia.baseline_key(_read_baseline(stamp, _read_stamp)), nvidia.baseline_key(env)
     if theirs != ours:
         raise NightlyError(f"the baseline in {baseline} was timed on {theirs}, this night runs on {ours}: timings "
                            "across GPUs, drivers or torch releases are not comparable; give this key its own "
                            "--baseline folder (`optbench nightly --print-baseline-key` prints it)")
+
+
+def _read_stamp(path: Path) -> dict:
+    stamp = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(stamp, dict):
+        raise ValueError("not an environment stamp: a JSON object is expected")
+    return stamp
+
+
+def _read_baseline(path: Path, read):
+    try:
+        return read(path)
+    except ValueError as exc:  # ResultsFileError, BenchmarkJsonError, JSONDecodeError, UnicodeDecodeError
+        raise NightlyError(f"--baseline: {path} cannot be read ({exc}); point --baseline at a night's folder, or "
+                           "an empty one for a first night") from None
 
 
 def _run_stages(night: Night) -> None:
@@ -284,7 +304,7 @@ def run_night(config: NightConfig) -> Night:
     """Every stage in order; raises NightlyError for what is exit 2. The caller maps clean/regression to 0/1."""
     check_folders(config)
     env = night_environment(config.device)  # a device the night cannot run is refused before --out is made
-    check_baseline_key(config.baseline, env)  # so is a baseline of another machine
+    check_baseline(config.baseline, env)  # so is a baseline that cannot be read, or of another machine
     try:
         config.out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

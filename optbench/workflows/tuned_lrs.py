@@ -65,7 +65,11 @@ def main(argv: list[str]) -> int:
         print(f"tuned-lrs: no study file{'s' if len(missing) != 1 else ''} {', '.join(missing)}"
               if missing else "tuned-lrs: name the study files to build the table from", file=sys.stderr)
         return exits.USAGE
-    text = table_text(studies)
+    try:
+        text = table_text(studies)
+    except ValueError as exc:  # ResultsFileError, UnicodeDecodeError: a file that is no study's records
+        print(f"tuned-lrs: {exc}", file=sys.stderr)
+        return exits.USAGE
     if check:
         same = tuned.TABLE.is_file() and tuned.TABLE.read_text(encoding="utf-8") == text
         if not same:
