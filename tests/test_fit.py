@@ -121,10 +121,10 @@ def test_fit_table_render_and_figure(tmp_path, monkeypatch):
     assert table["samples/s"].tolist() == [1000 / 80 + 80, 1000 / 160 + 160]
     assert table["trials"][0].endswith("80: 0.10 GiB ±0 MiB fits; 88: 0.11 GiB ±0 MiB over")
     text = fit.render(result)
-    assert "largest batch within 0.10 GiB per optimizer: tiny, seq 32, fp32, cpu" in text
+    assert "largest batch within 100.00 MiB per optimizer: tiny, seq 32, fp32, cpu" in text
     assert "budget covers weights + peak RSS growth" in text and "not budgeted" in text
     tiny = fit.fit(MIB, ["adamw"], tmp_path / "tiny.jsonl", job=TINY_JOB, max_size=512, progress=None, run=run)
-    assert "largest batch within 1.0 MiB per optimizer" in fit.render(tiny)  # it read "0.00 GiB"
+    assert "largest batch within 1.00 MiB per optimizer" in fit.render(tiny)  # it read "0.00 GiB"
     drawn, save = [], Figure.savefig
     monkeypatch.setattr(Figure, "savefig", lambda fig, path, **kw: (drawn.append(fig), save(fig, path, **kw))[1])
     table_path, figure_path = fit.save(result, tmp_path / "fit.jsonl")

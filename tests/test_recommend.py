@@ -211,3 +211,20 @@ def test_recommend_counts_the_head_num_labels_adds(capsys):
     assert main(["recommend", "--model", minilm_path(), "--num-labels", "3", "--gpu-memory", "1GiB",
                  "--optimizers", "adamw"]) == 0
     assert capsys.readouterr().out.startswith("22,714,371 trainable parameters")  # 22,713,216 + 384 x 3 + 3
+
+
+def test_the_verdict_is_the_reports_own():
+    """recommend ran its own paired test: with AdamW trained (~0.90) and Adafactor at chance on every seed, the
+    report said *worse by at least 1 pt* and recommend said nothing. It now reads the report's verdict."""
+    from optbench.report.frame import summarize, trials_frame
+
+    records = [Record(trial_id=f"{name}-{seed}", optimizer=name, seed=seed, status="ok", eval_accuracy=accuracy,
+                      eval_metrics={"accuracy": accuracy}, metric_chance=0.34, eval_rows=4000,
+                      other_peak_bytes=100 * MIB, state_bytes_per_param=8.0, num_params=SIZE.num_params)
+               for name, base in (("adamw", 0.90), ("adafactor", 0.34)) for seed, accuracy in
+               enumerate((base, base + 0.01, base - 0.005))]
+    summary = summarize(trials_frame(records))
+    said = summary.set_index("optimizer")["verdict_vs_adamw"]["adafactor"]
+    assert said.startswith("worse")
+    rows = {r.estimate.optimizer: r for r in recommend(SIZE, 10 * 2**30, records)}
+    assert rows["adafactor"].untrained and rows["adafactor"].verdict == said

@@ -32,7 +32,7 @@ from typing import Any, TextIO
 from optbench.job.devices import device_kind
 from optbench.job.spec import PRESETS, TrialSpec
 from optbench.memory.calibrate import measured_peak
-from optbench.records.record import GIB, MIB, Record, read_records
+from optbench.records.record import GIB, MIB, Record, read_records, size_text
 
 GROW_FIELDS = {"batch": "batch_size", "seq": "seq_len"}
 PROBE_STEPS, PROBE_WARMUP_STEPS = 5, 2  # the peak is reached by the second step; three timed steps for samples/s
@@ -337,9 +337,7 @@ def _job_label(result: FitResult) -> str:
 
 def render(result: FitResult) -> str:
     """The table as markdown under a header saying what the budget covers and how sizes were confirmed."""
-    budget = (f"{result.budget_bytes / GIB:.2f} GiB" if result.budget_bytes >= GIB / 100
-              else f"{result.budget_bytes / MIB:,.1f} MiB")  # a budget of 1MiB read "0.00 GiB"
-    header = [f"largest {result.grow_by} within {budget} per optimizer: "
+    header = [f"largest {result.grow_by} within {size_text(result.budget_bytes)} per optimizer: "
               f"{_job_label(result)}", "budget covers " + (
                   "weights + peak RSS growth over the process's post-setup baseline; the process's whole peak RSS "
                   "(its libraries, the data) comes on top and is shown apart, not budgeted"

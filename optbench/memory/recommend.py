@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from optbench.memory import estimate as est
 from optbench.optimizers import REGISTRY, UnknownOptimizerError, resolve
-from optbench.records.record import REFERENCE_OPTIMIZER, Record
+from optbench.records.record import REFERENCE_OPTIMIZER, Record, size_text
 from optbench.report import bounds, pareto, stats
 from optbench.report.metrics import eval_target
 
@@ -93,12 +93,15 @@ class Finals:
     records: list[Record]
     job: str | None = None
     other_jobs: int = 0
+    verdicts: dict[str, str] = dataclasses.field(default_factory=dict)  # the report's, per registry name
 
 
 def finals_of(records: Sequence[Record]) -> Finals:
     """The final trials (report/frame.py's `final`: a `run`'s trials, a study's final stage and its tune trials at
-    the chosen lr) of the job with the most ok finals (ties: the first in the file)."""
-    from optbench.report.frame import trials_frame
+    the chosen lr) of the job with the most ok finals (ties: the first in the file), with the report's verdict of
+    each against the reference: one rule (saturation, an arm that did not train, what one eval row resolves), not a
+    second paired test here that said nothing where the report said *worse*."""
+    from optbench.report.frame import summarize, trials_frame
 
     frame = trials_frame(records)
     finals = frame[frame["final"]] if not frame.empty else frame
@@ -107,7 +110,23 @@ def finals_of(records: Sequence[Record]) -> Finals:
     ok = finals["status"] == "ok"
     counts = ok.groupby(finals["job_id"], sort=False).sum()
     chosen = finals[finals["job_id"] == counts.idxmax()]
-    return Finals(list(chosen["record"]), str(chosen["job"].iloc[0]), finals["job_id"].nunique() - 1)
+    return Finals(list(chosen["record"]), str(chosen["job"].iloc[0]), finals["job_id"].nunique() - 1,
+                  _verdicts(summarize(frame), counts.idxmax()))
+
+
+def _verdicts(summary, job_id: str) -> dict[str, str]:
+    """{registry name: the report's verdict against the reference} of one job's ok rows."""
+    if "verdict_vs_adamw" not in summary:
+        return {}
+    verdicts = {}
+    for row in summary[(summary["job_id"] == job_id) & (summary["status"] == "ok")].itertuples():
+        try:
+            name = resolve(str(row.optimizer)).name
+        except UnknownOptimizerError:
+            continue
+        if isinstance(row.verdict_vs_adamw, str):
+            verdicts[name] = row.verdict_vs_adamw
+    return verdicts
 
 
 def quality_of(records: Sequence[Record]) -> Quality:
@@ -142,7 +161,6 @@ def recommend(size: est.ModelSize, budget_bytes: int, records: Sequence = (), pr
     activations = {name: statistics.fmean(seeds.values())
                    for name, seeds in _per_seed(memory, lambda r: r.other_peak_bytes).items()}
     quality = _quality(finals.records)
-    reference = quality.by_seed.get(resolve(REFERENCE_OPTIMIZER).name, {})
     # An optimizer the results lack gets the largest overhead they measured: a fit should not be a guess.
     fallback_activation = max(activations.values()) if activations else None
     rows = []
@@ -150,13 +168,11 @@ def recommend(size: est.ModelSize, budget_bytes: int, records: Sequence = (), pr
         if candidates is not None and estimate.optimizer not in candidates:
             continue
         activation = activations.get(estimate.optimizer, fallback_activation)
-        own = quality.by_seed.get(estimate.optimizer, {})
-        found = stats.paired_verdict(own, reference, quality.mode) if own and estimate.optimizer != \
-            REFERENCE_OPTIMIZER else None
         rows.append(Recommendation(
             estimate=estimate, activation_bytes=None if activation is None else round(activation),
             quality=quality.mean(estimate.optimizer), fits=False, pareto=False,
-            unavailable=REGISTRY[estimate.optimizer].unavailable_reason(), verdict=found.text if found else None,
+            unavailable=REGISTRY[estimate.optimizer].unavailable_reason(),
+            verdict=finals.verdicts.get(estimate.optimizer),
             untrained=estimate.optimizer in quality.untrained,
             metric=quality.metric, mode=quality.mode, job=finals.job, other_jobs=finals.other_jobs,
             memory_note=note, ok_finals=sum(r.status == "ok" for r in finals.records)))
@@ -224,7 +240,7 @@ def render(rows: Sequence[Recommendation], size: est.ModelSize, budget_bytes: in
            results_name: str | None) -> str:
     """A header (what was counted), the answer, then one line of reasoning per optimizer."""
     header = [f"{size.num_params:,} trainable parameters ({size.source}), {precision} training, "
-              f"budget {_gib(budget_bytes)} per GPU"]
+              f"budget {size_text(budget_bytes)} per GPU"]
     if rows and rows[0].estimate.predicted_peak_bytes is not None:
         header.append(est.band_note(rows[0].estimate))
     if results_name:
@@ -237,7 +253,7 @@ def render(rows: Sequence[Recommendation], size: est.ModelSize, budget_bytes: in
         answer = f"fits: {len(fitting)} of {len(rows)} optimizers; start with {', '.join(best)}"
     else:
         smallest = min(rows, key=lambda r: r.total_bytes)
-        answer = (f"nothing fits in {_gib(budget_bytes)}: the smallest, {smallest.estimate.optimizer}, needs "
+        answer = (f"nothing fits in {size_text(budget_bytes)}: the smallest, {smallest.estimate.optimizer}, needs "
                   f"{_gib(smallest.total_bytes)}; try --precision bf16, a smaller batch, ZeRO-1 over several GPUs "
                   "(`optbench estimate --gpus N`) or a smaller model")
     lines = [_reason(r, rows, budget_bytes) for r in rows]

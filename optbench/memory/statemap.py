@@ -21,10 +21,10 @@ from typing import Any
 
 from optbench.optimizers import OptimizerSpec, Param, describe_model, resolve
 from optbench.optimizers.base import HEAD_MODULE_NAMES, MODULE_KINDS, dtype_name, short_dtype
+from optbench.records.record import MIB, size_text
 
 SHARED = "shared"  # the module kind (and `bytes_by_module` key) of the shared row
 SHARED_ROW_NAME = "(shared)"
-MIB = 2**20
 LINE_CHARS = 120
 # Parameter-name parts that mark the output head beside HEAD_MODULE_NAMES: BERT's pooler feeds only the head.
 _HEAD_PARTS = HEAD_MODULE_NAMES | {"pooler"}
@@ -235,19 +235,11 @@ def _clip(text: str, width: int, left: bool = False) -> str:
     return "…" + text[len(text) - width + 1:] if left else text[: width - 1] + "…"
 
 
-def _size(n_bytes: float) -> str:
-    """Bytes in the unit that keeps 1-3 digits before the point: "89.42 MiB", "2.00 KiB", "0 B"."""
-    for unit, scale in (("GiB", 2**30), ("MiB", MIB), ("KiB", 2**10)):
-        if n_bytes >= scale:
-            return f"{n_bytes / scale:.2f} {unit}"
-    return f"{n_bytes:.0f} B"
-
-
 def _section(kind: str, members: list[tuple[StateRow, int]]) -> str:
     numel, state_bytes = sum(r.numel * c for r, c in members), sum(r.state_bytes * c for r, c in members)
     if kind == SHARED:
-        return f"{kind}: {_size(state_bytes)} state held for all parameters"
-    return f"{kind}: {numel:,} params, {_size(state_bytes)} state, {state_bytes / numel:.2f} B/param"
+        return f"{kind}: {size_text(state_bytes)} state held for all parameters"
+    return f"{kind}: {numel:,} params, {size_text(state_bytes)} state, {state_bytes / numel:.2f} B/param"
 
 
 def _table_lines(rows: Sequence[StateRow], prefix: str) -> list[str]:
@@ -255,7 +247,7 @@ def _table_lines(rows: Sequence[StateRow], prefix: str) -> list[str]:
     totals), the shared row last."""
     groups = group_rows(rows)
     names = {id(row): row.name.removeprefix(prefix) + (f" x{count}" if count > 1 else "") for row, count in groups}
-    cells = {id(row): ("x".join(map(str, row.shape)), row.state_dtypes, _size(row.state_bytes * count))
+    cells = {id(row): ("x".join(map(str, row.shape)), row.state_dtypes, size_text(row.state_bytes * count))
              for row, count in groups}
     name_width = min(max(map(len, names.values())), 52)
     shape_width, dtype_width, size_width = (max(len(title), *(len(c[i]) for c in cells.values()))

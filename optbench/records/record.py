@@ -31,6 +31,17 @@ SCHEMA_VERSION = 4  # what each version changed, and how older records read back
 RECORD_START = '{"schema_version": '
 MIB = 2**20
 GIB = 2**30
+
+
+def size_text(n_bytes: float) -> str:
+    """Bytes for a sentence, in the unit that keeps 1-3 digits before the point: "89.42 MiB", "2.00 KiB", "0 B" (a
+    budget of 1 MiB in fixed GiB read "0.00 GiB"). A table column keeps one unit for every row instead."""
+    for unit, scale in (("GiB", GIB), ("MiB", MIB), ("KiB", 2**10)):
+        if abs(n_bytes) >= scale:
+            return f"{n_bytes / scale:,.2f} {unit}"
+    return f"{n_bytes:.0f} B"
+
+
 REFERENCE_OPTIMIZER = "adamw"  # what every table, paired difference and "% of" column compares against
 STATUSES = ("ok", "oom", "diverged", "error", "timeout", "skipped")
 FAILURES = ("error", "timeout")  # a harness or library failure (exit 3); oom, diverged and skipped are results
