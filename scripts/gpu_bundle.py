@@ -150,7 +150,9 @@ def build_device(dest: Path, pins: list[Pin], download: Callable[[list[str], Pat
 
 def build_host(dest: Path, pins: list[Pin], download: Callable[[list[str], Path], None] = pip_download) -> None:
     """The closure of optbench[dev,all] at the pinned versions for this interpreter, bitsandbytes slimmed as for the
-    device (its CPU library is what loads here); MiniLM whole, since the unit suite loads its weights."""
+    device (its CPU library is what loads here); MiniLM whole, since the unit suite loads its weights. `pins` is
+    build_device's argument: here pip reads the same pins from PINS as a constraints file, which resolves the closure
+    (build_device downloads each carried pin alone)."""
     download(["--only-binary=:all:", "--constraint", str(PINS), f"{ROOT}[dev,all]", "setuptools>=68", "wheel"], dest)
     for wheel in sorted(dest.glob("optbench-*")):  # pip builds the project itself into DEST: it is installed apart
         wheel.unlink()

@@ -15,14 +15,14 @@ import sys
 from pathlib import Path
 
 from optbench.probes import HOST_SYNCED
-from optbench.records.record import Record, read_records
+from optbench.records.record import FAILURES, Record, read_records
 
 MUST_RUN_ON_CUDA = ("galore_adamw8bit",)  # entries that only a GPU can run: the smoke sweep must show them ok
 
 
 def failures(records: dict[str, list[Record]]) -> list[str]:
     return [f"{name}: {r.optimizer} seed {r.seed} ended {r.status}: {r.error}" for name, rs in records.items()
-            for r in rs if r.status in ("error", "timeout")]
+            for r in rs if r.status in FAILURES]
 
 
 def smoke_problems(records: dict[str, list[Record]]) -> list[str]:

@@ -25,9 +25,8 @@ from optbench.cli.argtypes import (
     seed_list,
     threshold,
 )
-from optbench.job.spec import PRECISIONS, PRESETS, SCHEDULES
+from optbench.job.spec import PARALLEL_MODES, PRECISIONS, PRESETS, SCHEDULES
 from optbench.trial.engines import ENGINES
-from optbench.trial.engines.parallel import MODES as PARALLEL_MODES
 
 
 class UsageError(Exception):
@@ -340,12 +339,15 @@ def _add_compare_parsers(commands) -> None:
 
 
 def _add_model_size(parser: argparse.ArgumentParser) -> None:
-    """The model `estimate` and `recommend` count: a parameter count, or a model's config (and a head)."""
+    """The model `estimate` and `recommend` count: a parameter count, or a model's config (and a head); and the
+    precision it trains in."""
     size = parser.add_mutually_exclusive_group(required=True)
     size.add_argument("--params", type=param_count, help="parameter count: 65783042, 7e9 or 7B")
     size.add_argument("--model", help="local model folder or HF id: counted from its config on the meta device")
     parser.add_argument("--num-labels", type=positive_int,
                         help="with --model: add a sequence-classification head with this many classes")
+    parser.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                        help="training precision: bf16 means 2-byte weights and grads (autocast keeps fp32 ones)")
 
 
 def _add_memory_parsers(commands) -> None:
@@ -357,8 +359,6 @@ def _add_memory_parsers(commands) -> None:
     estimate.add_argument("--gpus", type=positive_int, default=1,
                           help="data-parallel GPUs; >1 adds ZeRO-1/2/3 columns")
     estimate.add_argument("--gpu-memory", type=memory_size, help="memory per GPU, e.g. 80GiB: what fits")
-    estimate.add_argument("--precision", choices=PRECISIONS, default="fp32",
-                          help="training precision: bf16 means 2-byte weights and grads (autocast keeps fp32 ones)")
     _add_peak_arguments(estimate)
     recommend = commands.add_parser("recommend", help="which optimizers fit a memory budget, best trade-offs first")
     _add_model_size(recommend)
@@ -368,8 +368,6 @@ def _add_memory_parsers(commands) -> None:
                                 "(default: every entry)")
     recommend.add_argument("--results", type=Path,
                            help="results file: adds the activation overhead and accuracy measured there")
-    recommend.add_argument("--precision", choices=PRECISIONS, default="fp32",
-                           help="training precision (bf16: 2-byte weights, grads and state)")
     _add_peak_arguments(recommend)
     fit = commands.add_parser("fit", help="the largest batch (or sequence) each optimizer fits in a memory budget: "
                                           "predicted, then confirmed by short trials; samples/s at that size")

@@ -180,7 +180,8 @@ def show(record: Record) -> None:
 
 
 def summary_line(record: Record) -> str:
-    """One line per finished trial, while the sweep runs."""
+    """`run`'s result on stdout, one line per finished trial as the sweep runs: what it measured (state, training
+    memory, step time, score). Not progress: sweep/progress.py's line on stderr says where the sweep stands."""
     from optbench.records.peaks import on_cuda, train_memory_bytes
     from optbench.report.bounds import score_text
 

@@ -80,6 +80,9 @@ _LATER_FIELDS = ("stage", "val_fraction", "precision", "eval_every", "target", "
                  "workload_options", "resume_check", "dataset_sha256", "paired_probe")
 
 
+PARALLEL_MODES = ("ddp", "zero1", "fsdp2")  # --parallel: the native loop under torchrun (trial/engines/parallel.py)
+
+
 @dataclass(frozen=True)
 class TrialSpec:
     optimizer: str
@@ -108,7 +111,7 @@ class TrialSpec:
     eval_every: int = 0  # evaluate a fixed eval subset every K steps (outside the timed intervals); 0: never
     target: float | None = None  # time-to-target threshold on the workload's target metric
     engine: str = "native"  # native | trainer | accelerate
-    parallel: str = "none"  # none | ddp | zero1 | fsdp2
+    parallel: str = "none"  # "none" or one of PARALLEL_MODES
     nproc: int = 1  # processes (ranks) for a parallel mode
     max_memory_bytes: int | None = None  # cap on the trial child's address space (RLIMIT_AS); not in trial_id
     # Schema 2. `schedule` is always in the id: schema-1 trials ran at a constant lr and must not pass for these.

@@ -32,12 +32,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from optbench.memory.statemap import SHARED, SHARED_ROW_NAME, StateRow, explain_model, module_kind
+from optbench.job.spec import PARALLEL_MODES
+from optbench.memory.statemap import LINE_CHARS, SHARED, SHARED_ROW_NAME, StateRow, explain_model, module_kind
 from optbench.optimizers import OptimizerSpec, Param, resolve
+from optbench.records.record import MIB
 
 RELATIVE_TOLERANCE = 0.01  # a bytes change: at least 1 % of one process's bytes for the parameter ...
 ABSOLUTE_TOLERANCE_BYTES = 1024  # ... and at least 1 KiB (a per-shard scalar is not a change)
-MODES = ("ddp", "zero1", "fsdp2")
 
 
 @dataclass(frozen=True)
@@ -157,7 +158,7 @@ def predicted_ranks(spec: OptimizerSpec, params: Sequence[Param], mode: str, npr
         return [_rows_for(spec, [(p, bare[id(p)]) for p, owner in zip(params, owners, strict=True) if owner == rank],
                           settings) for rank in range(nproc)]
     if mode != "fsdp2":
-        raise ValueError(f"unknown parallel mode '{mode}'; known: {', '.join(MODES)}")
+        raise ValueError(f"unknown parallel mode '{mode}'; known: {', '.join(PARALLEL_MODES)}")
     if spec.fsdp2 != "local":
         raise ValueError(f"{spec.name} under FSDP2 cannot be predicted: " + (
             spec.fsdp2 or "how it treats sharded (DTensor) parameters is not known; measure it with `run --parallel "
@@ -180,19 +181,17 @@ def predict(optimizer: str, mode: str, nproc: int, workload: str | None = None, 
 
 
 # -- what explain prints, and the table of records -----------------------------------------------------------------
-LINE_CHARS = 120
 
 
 def render(single: Sequence[StateRow], ranks: Sequence[Sequence[StateRow]], changes: Sequence[Change],
            title: str) -> str:
     """Each rank's state against one process's, then every parameter whose state changes (one line each, clipped
     to 120 characters); the identical layers of a layer stack collapse as in the state map."""
-    mib = 2**20
-    lines = [title, f"one process: {sum(r.state_bytes for r in single) / mib:,.2f} MiB of state"]
+    lines = [title, f"one process: {sum(r.state_bytes for r in single) / MIB:,.2f} MiB of state"]
     described = []
     for rows in ranks:
         held = [r for r in rows if r.state_bytes and r.module_kind != SHARED]
-        described.append(f"{sum(r.state_bytes for r in rows) / mib:,.2f} MiB of state for {len(held)} parameter(s) "
+        described.append(f"{sum(r.state_bytes for r in rows) / MIB:,.2f} MiB of state for {len(held)} parameter(s) "
                          f"({sum(r.numel for r in held):,} elements)")
     # consecutive ranks that hold alike share a line: ZeRO-1 over more ranks than parameters left a million lines
     # of "0.00 MiB" for --nproc 1000000

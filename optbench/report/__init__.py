@@ -10,5 +10,5 @@ state-vs-params fit) on `canvas.py` (what every figure shares: panels per job, e
 
 Adding a report column: one `Metric` in `metrics.py` (and the Record field it reads).
 
-May import: records, optimizers (names and colours). No torch.
+May import: records, optimizers (names and colours), probes (their torch-free constants). No torch.
 """

@@ -1,6 +1,6 @@
 """Compare two runs, per job and optimizer: what changed, and whether the change is real and too large.
 
-Both runs go through summary.summarize (means over seeds, failed trials kept), so a comparison shows exactly
+Both runs go through frame.summarize (means over seeds, failed trials kept), so a comparison shows exactly
 the numbers the report shows. Every metric of the metric table with a gate check is tested the way its noise
 calls for, and a row regresses only when the change is both beyond its threshold and statistically
 significant — the 95 % confidence interval of the change lies wholly beyond the threshold:
@@ -18,7 +18,7 @@ significant — the 95 % confidence interval of the change lies wholly beyond th
   BASE and sits at chance in NEW regresses, said in words.
 - memory (peak, state bytes): plain threshold. State bytes are exact and a CUDA peak is repeatable, so any
   change beyond the threshold is real; a CPU peak (RSS) moves by pages and arenas, so a peak must also grow by
-  more than `min_peak_growth_mib` (0 by default; the nightly sets it on CPU).
+  more than `min_peak_growth_mib` (64 on CPU, where RSS jitters by tens of MiB between sweeps; 0 on CUDA).
 
 A row also regresses when it was `ok` in BASE and is failed or missing in NEW. A row new in NEW is reported,
 never a regression. `environments.environment_differences` compares the two runs' stamps (machine, library versions,

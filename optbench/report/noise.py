@@ -9,7 +9,7 @@ steps within a process (`within_run`) is reported beside it, as what it is: how 
 
 The change NEW / BASE is the ratio of the geometric means of the per-process medians; its 95 % interval is the
 Student-t interval of the difference of the mean logs, with the variance pooled within groups: the runs of BASE,
-the runs of NEW, and — where given — a recorded history of same-commit runs (`history_noise`), which lends its
+the runs of NEW, and — where given — a recorded history of same-commit runs (`history_spreads`), which lends its
 degrees of freedom to a comparison of single runs (a nightly). An interval needs MIN_RUNS processes on each side,
 or a history of at least MIN_RUNS same-commit runs; otherwise there is none, and the cell says so.
 """
@@ -17,7 +17,6 @@ or a history of at least MIN_RUNS same-commit runs; otherwise there is none, and
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,8 +28,8 @@ from optbench.records.record import Record, job_key
 from optbench.report import metrics
 from optbench.report.frame import job_id
 from optbench.report.metrics import TIME, Metric
+from optbench.report.stats import CONFIDENCE
 
-CONFIDENCE = 0.95
 MIN_RUNS = 3  # processes per side (or in a history) before their spread says anything
 
 
@@ -56,14 +55,6 @@ NO_HISTORY = Spread()
 def spread_of(medians: Sequence[float]) -> Spread:
     logs = np.log(np.asarray(medians, dtype=float))
     return Spread(float(((logs - logs.mean()) ** 2).sum()), len(logs) - 1) if len(logs) > 1 else Spread()
-
-
-def process_median(samples: Iterable[float] | None, median: float | None = None) -> float | None:
-    """One process's median step: from its samples, else the median it recorded."""
-    values = [float(v) for v in samples or [] if v is not None and v > 0]
-    if values:
-        return statistics.median(values)
-    return median if median and median > 0 else None
 
 
 def within_run(sample_lists: Iterable[Sequence[float]]) -> float | None:
@@ -108,15 +99,6 @@ def change(base: Sequence[float], new: Sequence[float], history: Spread = NO_HIS
         1 / len(base) + 1 / len(new))
     basis = "between-run + history" if enough_history and history.df else "between-run"
     return TimeChange(math.exp(diff), math.exp(diff - half), math.exp(diff + half), runs, pooled.sd, within, basis)
-
-
-def history_spread(groups: Iterable[Sequence[float]]) -> Spread:
-    """The pooled spread of a history: groups of process medians, each group one commit's runs of one job and
-    optimizer (so a change between commits never counts as noise)."""
-    total = Spread()
-    for medians in groups:
-        total = total + spread_of(medians)
-    return total
 
 
 def time_change(metric: Metric, base_trials: Any, new_trials: Any, history: Spread = NO_HISTORY) -> TimeChange | None:

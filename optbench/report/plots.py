@@ -4,7 +4,7 @@ go, update fidelity, and for studies the lr sensitivity, the eval metric against
 Figures are drawn on the canvas every figure shares (canvas.py: Agg, never pyplot, so they render headless). This
 module is imported only when the report writes figures, so the table-only paths never pay for matplotlib.
 
-Inputs are summary.py's frames: `trials` (one row per trial, with curves) and `summary` (one row per job x
+Inputs are frame.py's frames: `trials` (one row per trial, with curves) and `summary` (one row per job x
 optimizer x status, over seeds). One row of panels per job. Error bars and bands are 95 % Student-t intervals
 (stats.py); a single seed draws none. Time to target follows AlgoPerf's rule (stats.time_to_target).
 """

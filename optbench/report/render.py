@@ -1,4 +1,4 @@
-"""Render summary.py's frames: markdown, csv, json, a self-contained HTML page (html_page.py), and the terminal
+"""Render frame.py's frames: markdown, csv, json, a self-contained HTML page (html_page.py), and the terminal
 summary.
 
 Numbers are means over seeds ± the half-width of their 95 % Student-t interval ("n/a" with one seed);
@@ -292,7 +292,7 @@ def _compact_table(group: pd.DataFrame) -> str:
 def render_terminal(summary: pd.DataFrame | Iterable[Record], margin: float | None = None) -> str:
     """What a run ends with: per job, one line per optimizer in words, then a compact table; no line is wider
     than TERMINAL_WIDTH (the full table goes to report.md). Takes a summary, or records to summarise with
-    `margin` (summary.summarize)."""
+    `margin` (frame.summarize)."""
     if not isinstance(summary, pd.DataFrame):
         summary = summarize(trials_frame(summary), margin)
     wrap = textwrap.TextWrapper(width=TERMINAL_WIDTH, subsequent_indent="    ", break_long_words=True)
@@ -329,7 +329,7 @@ def write_report(records: list[Record], out_dir: Path, fmt: str = "md", figures:
     """Write report.md, summary.csv and the figures (and report.html for fmt html) into out_dir.
 
     Returns (the report rendered in `fmt`, the paths written); report.md and summary.csv come first.
-    `margin`: the verdicts' margin (summary.summarize); `summary`: the records' summary where the caller has it
+    `margin`: the verdicts' margin (frame.summarize); `summary`: the records' summary where the caller has it
     already (it is not computed twice).
     """
     if fmt not in FORMATS:

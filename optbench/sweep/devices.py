@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
 
 from optbench.job.devices import GPU_PINNED_ENV, device_kind
 
@@ -109,17 +108,6 @@ def preload_modules(base: tuple[str, ...], uses_bitsandbytes: bool, gpus: int) -
     if gpus:
         return base
     return base + MODEL_PRELOAD + (BITSANDBYTES_PRELOAD if uses_bitsandbytes else ())
-
-
-def slurm_parameters(device: str, nproc: int, timeout_s: float, name: str) -> dict[str, Any]:
-    """submitit parameters for one trial: its time limit past the trial's own, and its GPUs. `auto` asks for GPUs
-    too (it means "CUDA where there is one"); ask for a CPU job with --device cpu."""
-    import math
-
-    parameters: dict[str, Any] = {"timeout_min": math.ceil(timeout_s / 60) + 2, "name": name}
-    if device.startswith("cuda") or device == "auto":
-        parameters["gpus_per_node"] = max(1, nproc)
-    return parameters
 
 
 def node_environment(env: Mapping[str, str]) -> dict[str, str]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
+from optbench.job.spec import PARALLEL_MODES
 from optbench.records.peaks import train_memory_bytes
 from optbench.records.record import MIB, Record
 from optbench.trial.engines.base import EngineResult
@@ -30,7 +31,7 @@ from optbench.trial.engines.base import EngineResult
 if TYPE_CHECKING:
     from optbench.trial.engines.base import Setup
 
-MODES = ("ddp", "zero1", "fsdp2")
+MODES = PARALLEL_MODES
 
 
 # -- the engine --------------------------------------------------------------------------------------
