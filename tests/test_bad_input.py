@@ -121,7 +121,7 @@ CASES = [
     (FIT + ["--model", "not-a-model"], "not-a-model"),
     (FIT + ["--workload", "nosuch"], "unknown workload 'nosuch'; known: minilm"),
     (FIT + ["--device", "tpu"], "unknown device 'tpu'; use auto, cpu, cuda or cuda:N"),
-    (FIT + ["--repeats", "1"], "--repeats must be at least 2"),  # one trial cannot measure a size's jitter
+    (FIT + ["--repeats", "1"], "--repeats 1: fit needs at least two trials per size"),
     # sequences past the model's positions: every probe there would end `error` (six trials learning nothing)
     (FIT + ["--grow", "seq", "--max-size", "2000"], "--max-size 2000 is more than the 512 positions tiny-bert-h64"),
     (FIT + ["--seq-len", "600"], "--seq-len 600 is more than the 512 positions tiny-bert-h64 has"),

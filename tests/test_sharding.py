@@ -107,6 +107,7 @@ def test_ranks_that_hold_alike_share_one_line(capsys):
                         lines[-1]), lines[-1]
 
 
-def test_explain_nproc_without_parallel_is_a_usage_error(capsys):
-    assert cli.main(["explain", "adamw", "--workload", "tiny", "--nproc", "4"]) == 2
+@pytest.mark.parametrize("nproc", ["2", "4"])  # 2 was its default, so `--nproc 2` alone was taken silently
+def test_explain_nproc_without_parallel_is_a_usage_error(capsys, nproc):
+    assert cli.main(["explain", "adamw", "--workload", "tiny", "--nproc", nproc]) == 2
     assert "--nproc needs a --parallel mode" in capsys.readouterr().err

@@ -392,4 +392,4 @@ def _add_memory_parsers(commands) -> None:
     explain.add_argument("--parallel", choices=("none", *PARALLEL_MODES), default="none",
                          help="also each rank's state under this mode and every parameter whose state precision or "
                               "bytes per element differ from one process (predicted, no training)")
-    explain.add_argument("--nproc", type=positive_int, default=2, help="ranks for --parallel (default 2)")
+    explain.add_argument("--nproc", type=positive_int, help="ranks for --parallel (default 2)")

@@ -105,12 +105,12 @@ def explain_command(args: argparse.Namespace) -> int:
     """The state map; with --parallel, each rank's state and what sharding changes (or why that cannot be told)."""
     from optbench.memory import sharding, statemap
 
-    if args.nproc != 2 and args.parallel == "none":
+    if args.nproc is not None and args.parallel == "none":  # `--nproc 2` too: it was taken as the default, silently
         raise UsageError("--nproc needs a --parallel mode (ddp, zero1 or fsdp2)")
     try:
         print(statemap.explain(args.optimizer, workload=args.workload, model=args.model))
         if args.parallel != "none":
-            print("\n" + sharding.explain(args.optimizer, args.parallel, args.nproc, args.workload, args.model))
+            print("\n" + sharding.explain(args.optimizer, args.parallel, args.nproc or 2, args.workload, args.model))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     return exits.OK
@@ -131,9 +131,10 @@ def fit_command(args: argparse.Namespace) -> int:
     job = dataclasses.replace(fit.default_job(), **{k: v for k, v in given.items() if v is not None})
     if args.model and not args.workload:
         job = dataclasses.replace(job, workload="custom")
-    if args.repeats < 2:
-        raise UsageError("--repeats must be at least 2: one trial per size cannot show how far a peak moves between "
-                         "runs")
+    try:
+        fit.check_repeats(args.repeats)  # before --out's folder is made
+    except fit.FitError as exc:
+        raise UsageError(f"--repeats {args.repeats}: {exc}") from None
     check_inputs(job)  # a bad workload, model or device is one line here, not a traceback or six failed probes
     check_out(args.out)  # a folder or another tool's file there: one line now; it makes --out's folder, so last
     try:

@@ -237,6 +237,12 @@ def size_limit(facts: Any, grow_by: str, max_size: int | None) -> int:
     return max_size or positions or 4096
 
 
+def check_repeats(repeats: int) -> None:
+    if repeats < 2:
+        raise FitError("fit needs at least two trials per size: one trial cannot show how far a peak moves "
+                       "between runs, so it cannot tell a size that fits from one that fits by luck")
+
+
 def fit(budget_bytes: int, optimizers: Sequence[str], out_path: Path, job: TrialSpec | None = None,
         grow_by: str = "batch", optimizer_kwargs: dict[str, dict[str, Any]] | None = None,
         max_size: int | None = None, progress: TextIO | None = sys.stderr, *,
@@ -246,9 +252,7 @@ def fit(budget_bytes: int, optimizers: Sequence[str], out_path: Path, job: Trial
     from optbench.memory import predict
     from optbench.optimizers import resolve
 
-    if repeats < 2:
-        raise FitError("fit needs at least two trials per size: one trial cannot show how far a peak moves "
-                       "between runs, so it cannot tell a size that fits from one that fits by luck")
+    check_repeats(repeats)
     job = job or default_job()
     kind = device_kind(job.device)
     facts = predict.facts_for_spec(job)
