@@ -49,3 +49,26 @@ def entry_step(spec, optimizer, loss, lr: float) -> None:
     loss.backward()
     optimizer.step()
     optimizer.zero_grad()
+
+
+def tiny_bert_models(dtypes) -> dict:
+    """One random tiny BERT (seed 0) per dtype: the models the state-byte tests build every optimizer on."""
+    import copy
+
+    import torch
+    import transformers
+
+    from optbench.workloads import tiny_bert_config
+
+    torch.manual_seed(0)
+    base = transformers.BertForSequenceClassification(tiny_bert_config())
+    return {dtype: copy.deepcopy(base).to(dtype) for dtype in dtypes}
+
+
+def skip_unavailable(spec) -> None:
+    """Skip a test of an entry this machine cannot run (a missing library, CUDA only), saying why."""
+    import pytest
+
+    reason = spec.unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"{spec.name} is unavailable here: {reason}")

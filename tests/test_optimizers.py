@@ -9,13 +9,11 @@ import math
 
 import pytest
 import torch
-import transformers
 
 from optbench import optimizers
 from optbench.optimizers import Param
 from optbench.probes.measure import optimizer_state_bytes
-from optbench.workloads import tiny_bert_config
-from tests._tiny import entry_step
+from tests._tiny import entry_step, skip_unavailable, tiny_bert_models
 
 ALL = list(optimizers.REGISTRY.values())
 DTYPES = [torch.float32, torch.bfloat16]
@@ -32,9 +30,7 @@ SHAPES = [(96, 128), (30, 40), (96,), (4, 32, 48), (5000,)]
 
 @pytest.fixture(scope="module")
 def tiny_models():
-    torch.manual_seed(0)
-    base = transformers.BertForSequenceClassification(tiny_bert_config())
-    return {dtype: copy.deepcopy(base).to(dtype) for dtype in DTYPES}
+    return tiny_bert_models(DTYPES)
 
 
 def _train(model, optimizer, steps: int = 2, spec=None):
@@ -43,12 +39,6 @@ def _train(model, optimizer, steps: int = 2, spec=None):
     for _ in range(steps):
         ids = torch.randint(0, model.config.vocab_size, (2, 8), generator=generator)
         entry_step(spec, optimizer, model(input_ids=ids, labels=torch.tensor([0, 1])).loss, spec.default_lr)
-
-
-def _skip_unavailable(spec):
-    reason = spec.unavailable_reason()
-    if reason is not None:
-        pytest.skip(f"{spec.name} is unavailable here: {reason}")
 
 
 def _cases():
@@ -60,7 +50,7 @@ def _cases():
 
 @pytest.mark.parametrize("spec,dtype", list(_cases()))
 def test_measured_state_on_the_tiny_model_matches_analytic_byte_for_byte(spec, dtype, tiny_models, monkeypatch):
-    _skip_unavailable(spec)
+    skip_unavailable(spec)
     if spec.name in SLOW and (dtype != torch.float32 or spec.name not in COMPILED):
         monkeypatch.setattr(torch, "compile", lambda fn, **_: fn)
     model = copy.deepcopy(tiny_models[dtype])
@@ -80,7 +70,7 @@ def test_measured_state_on_the_tiny_model_matches_analytic_byte_for_byte(spec, d
                          ids=lambda s: s.name)
 def test_bare_parameter_build_matches_the_shapes_only_count(spec):
     """The benchmarks' and estimate's path: `build(params)` and `analytic_state_bytes(shapes)`."""
-    _skip_unavailable(spec)
+    skip_unavailable(spec)
     torch.manual_seed(0)
     params = [torch.nn.Parameter(torch.randn(*s)) for s in SHAPES]
     optimizer = spec.build(params, lr=1e-3)
@@ -212,7 +202,7 @@ def test_adamw8bit_hf_keeps_embeddings_fp32_and_does_not_leak_into_the_pure_one(
 
 @pytest.mark.parametrize("spec", [s for s in ALL if s.paging.__name__ != "_no_paging"], ids=lambda s: s.name)
 def test_paged_entries_say_whether_they_really_page(spec, tiny_models):
-    _skip_unavailable(spec)
+    skip_unavailable(spec)
     model = copy.deepcopy(tiny_models[torch.float32])
     optimizer = spec.build_for(model)
     _train(model, optimizer, steps=1)
@@ -226,7 +216,7 @@ def test_unpaged_entries_report_none():
 
 def test_schedulefree_switches_to_its_averaged_weights_for_evaluation(tiny_models):
     spec = optimizers.resolve("adamw_schedulefree")
-    _skip_unavailable(spec)
+    skip_unavailable(spec)
     model = copy.deepcopy(tiny_models[torch.float32])
     optimizer = spec.build_for(model)
     _train(model, optimizer, steps=2)
@@ -243,7 +233,7 @@ def test_schedulefree_switches_to_its_averaged_weights_for_evaluation(tiny_model
 @pytest.mark.parametrize("name", ["galore_adamw_r8", "apollo_adamw_r8"])
 def test_low_rank_entries_take_rank_and_target_modules(name, tiny_models):
     spec = optimizers.resolve(name)
-    _skip_unavailable(spec)
+    skip_unavailable(spec)
     model = copy.deepcopy(tiny_models[torch.float32])
     kwargs = {"rank": 4, "target_modules": ["intermediate.dense"]}
     optimizer = spec.build_for(model, **kwargs)

@@ -27,8 +27,8 @@ from optbench.memory.statemap import (
 )
 from optbench.optimizers import Param
 from optbench.probes.measure import optimizer_state_bytes
-from optbench.workloads import WorkloadError, minilm_path, tiny_bert_config
-from tests._tiny import entry_step
+from optbench.workloads import WorkloadError, minilm_path
+from tests._tiny import entry_step, skip_unavailable, tiny_bert_models
 
 ALL = list(optimizers.REGISTRY.values())
 DTYPES = [torch.float32, torch.bfloat16]
@@ -37,9 +37,7 @@ TORCHAO = {s.name for s in ALL if s.library == "torchao"}
 
 @pytest.fixture(scope="module")
 def tiny_models():
-    torch.manual_seed(0)
-    base = transformers.BertForSequenceClassification(tiny_bert_config())
-    return {dtype: copy.deepcopy(base).to(dtype) for dtype in DTYPES}
+    return tiny_bert_models(DTYPES)
 
 
 def _random_step(model, optimizer, spec=None):
@@ -55,12 +53,6 @@ def _random_step(model, optimizer, spec=None):
     optimizer.step()
 
 
-def _skip_unavailable(spec):
-    reason = spec.unavailable_reason()
-    if reason is not None:
-        pytest.skip(f"{spec.name} is unavailable here: {reason}")
-
-
 def _bytes(rows):
     return [(row.name, row.module_kind, row.state_bytes_by_dtype) for row in rows]
 
@@ -68,7 +60,7 @@ def _bytes(rows):
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
 @pytest.mark.parametrize("spec", ALL, ids=lambda s: s.name)
 def test_analytic_map_equals_the_measured_map_parameter_by_parameter(spec, dtype, tiny_models, monkeypatch):
-    _skip_unavailable(spec)
+    skip_unavailable(spec)
     if spec.name in TORCHAO:  # the same state tensors, without tens of seconds of compilation
         monkeypatch.setattr(torch, "compile", lambda fn, **_: fn)
     model = copy.deepcopy(tiny_models[dtype])
@@ -246,7 +238,7 @@ def minilm():
 @pytest.mark.parametrize("name", ["adamw8bit_hf", "muon", "galore_adamw_r8"])
 def test_meta_device_explain_total_equals_the_state_of_a_real_minilm_step(name, minilm, meta_minilm):
     spec = optimizers.resolve(name)
-    _skip_unavailable(spec)
+    skip_unavailable(spec)
     assert next(meta_minilm.parameters()).device.type == "meta"
     meta_rows = analytic_state_map(spec, meta_minilm)
     model = copy.deepcopy(minilm)

@@ -46,10 +46,6 @@ def parse_precision(name: str) -> Precision:
     return Precision(name, *dtypes[name])
 
 
-def dtype_name(dtype: torch.dtype | None) -> str | None:
-    return None if dtype is None else str(dtype).removeprefix("torch.")
-
-
 def unscale_and_check(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> bool:
     """Unscale `optimizer`'s gradients (unless done already this step, e.g. by gradient clipping) and read the
     scaler's inf/NaN check, which waits for the backward pass on the host: whether optimizer.step() will run.

@@ -30,6 +30,7 @@ import torch
 from optbench.job.devices import GPU_PINNED_ENV, resolve_device
 from optbench.job.spec import TrialSpec
 from optbench.optimizers import resolve
+from optbench.optimizers.base import dtype_name
 from optbench.probes import bandwidth, measure, stream
 from optbench.records.environment import cpu_name, environment, machine_key
 from optbench.records.oom import out_of_memory_cause, under_cap
@@ -42,7 +43,7 @@ from optbench.trial.describe import (
     step_working_set_bytes,
 )
 from optbench.trial.engines import Diverged, Setup, engine_for, evaluate
-from optbench.trial.precision import dtype_name, parse_precision
+from optbench.trial.precision import parse_precision
 from optbench.trial.settings import settings_record
 
 DIVERGENCE_FACTOR = 3.0  # final loss this many times the first loss (or the chance loss) → diverged
@@ -67,7 +68,8 @@ def setup(spec: TrialSpec, record: Record) -> Setup:
     record.device = spec.device if pinned else str(device)  # the user's cuda:N, not the pinned process's cuda:0
     record.device_name, record.env = device_name(device), environment(device)
     precision = parse_precision(spec.precision)
-    record.param_dtype, record.autocast_dtype = dtype_name(precision.param_dtype), dtype_name(precision.autocast_dtype)
+    record.param_dtype = dtype_name(precision.param_dtype)
+    record.autocast_dtype = dtype_name(precision.autocast_dtype) if precision.autocast_dtype is not None else None
     entry = resolve(spec.optimizer)
     random.seed(spec.seed)
     workload = get_workload(spec.workload)
