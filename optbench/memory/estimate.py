@@ -34,7 +34,7 @@ from optbench.memory.calibration import (
     shipped_calibration_path,
 )
 from optbench.memory.calibration import margin_bytes as margin_for
-from optbench.optimizers import FP32_BYTES, REGISTRY, Shape, UnknownOptimizerError, resolve, state_precision
+from optbench.optimizers import REGISTRY, Shape, UnknownOptimizerError, resolve, state_precision
 from optbench.optimizers.base import NOMINAL_SHAPE, Param
 from optbench.records.record import GIB, MIB, REFERENCE_OPTIMIZER
 
@@ -155,7 +155,7 @@ def measured_here(records: Iterable, size: ModelSize, precision: str) -> tuple[l
     optimizers keep small tensors in fp32; torch keeps moments in the weights' dtype; activations belong to one
     model at one batch. The line returned (None: every record is used) says what was left out."""
     def weights(precision: str | None) -> str:
-        return "bf16" if param_bytes(precision or "fp32") == 2 else "fp32"
+        return "bf16" if predict.param_bytes(precision or "fp32") == 2 else "fp32"
 
     def same(record) -> bool:
         close = abs((record.num_params or 0) - size.num_params) <= SAME_MODEL_FRACTION * size.num_params
@@ -231,11 +231,6 @@ class Estimate:
         return part(self.weights_bytes, 3) + part(self.grads_bytes, 2) + part(self.state_bytes, 1)
 
 
-def param_bytes(precision: str) -> int:
-    """Bytes per weight (and per gradient): 2 with bf16 weights, else 4 (autocast keeps fp32 masters)."""
-    return 2 if precision == "bf16" else FP32_BYTES
-
-
 def estimate(size: ModelSize, measured: dict[str, float] | None = None, precision: str = "fp32",
              batch_size: int | None = None, seq_len: int | None = None, device_kind: str = "cuda") -> list[Estimate]:
     """One estimate per registered optimizer, in registry order, for weights in `precision`.
@@ -244,7 +239,7 @@ def estimate(size: ModelSize, measured: dict[str, float] | None = None, precisio
     moments in the parameter's dtype, bitsandbytes and Adafactor keep fp32), so it stays exact. With a
     batch size and sequence length, and a model read from its config, each row carries the predicted peak
     on `device_kind` and the safety margin from the predictor's error band."""
-    itemsize = param_bytes(precision)
+    itemsize = predict.param_bytes(precision)
     shapes = size.shapes if size.shapes is not None else (NOMINAL_SHAPE,)
     params = [Param(shape=tuple(s), itemsize=itemsize) for s in shapes]
     rows = []

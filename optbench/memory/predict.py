@@ -105,9 +105,13 @@ class ModelFacts:
         return min(tables) if tables else None
 
     def in_precision(self, precision: str) -> tuple[Param, ...]:
-        """Parameter facts with the element size the precision stores weights in (bf16: 2, else fp32)."""
-        itemsize = 2 if precision == "bf16" else FP32_BYTES
-        return tuple(replace(p, itemsize=itemsize) for p in self.params)
+        """Parameter facts with the element size the precision stores weights in (`param_bytes`)."""
+        return tuple(replace(p, itemsize=param_bytes(precision)) for p in self.params)
+
+
+def param_bytes(precision: str) -> int:
+    """Bytes per weight (and per gradient): 2 with bf16 weights, else 4 (autocast keeps fp32 masters)."""
+    return 2 if precision == "bf16" else FP32_BYTES
 
 
 def analytic_activation_coefficients(arch: Architecture, precision: str, device_kind: str) -> tuple[float, float]:
