@@ -141,6 +141,7 @@ CASES = [
     (RUN + ["--steps", "1", "--warmup-steps", "0", "--resume-check"], "--resume-check saves at the middle step"),
     # --out naming a file that is not a results file: the resume read ended run and study in a traceback
     (RUN + ["--out", "malformed.jsonl"], "--out malformed.jsonl is not a results file (line 1: not a JSON line"),
+    (RUN + ["--out", "latin-1.csv"], "--out latin-1.csv is not a results file (not UTF-8 text (byte 12"),
     (STUDY + ["--out", "empty.csv"], "--out empty.csv is not a results file (line 1: not a JSON line"),
     # a user's model folder that has no weights, or a config transformers cannot build: every trial ended `error`
     (RUN + ["--workload", "custom", "--model", "no-weights"], "model folder no-weights has no weights (model."),

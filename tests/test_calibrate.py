@@ -203,7 +203,7 @@ def test_calibrate_main_refuses_the_package_folder_and_writes_where_it_is_told(t
 @pytest.mark.parametrize("make,message", [
     (lambda d: (d / "bad.jsonl").write_text("not json\n"), "bad.jsonl:1: not a JSON line"),
     (lambda d: (d / "bad.jsonl").mkdir(), "no such results file (or a folder)"),
-    (lambda d: (d / "bad.jsonl").write_bytes(b"\xff\xfe\x00"), "is not UTF-8 text"),
+    (lambda d: (d / "bad.jsonl").write_bytes(b"\xff\xfe\x00"), "bad.jsonl: not UTF-8 text"),
 ])
 def test_calibrate_main_says_a_bad_results_file_in_one_line(tmp_path, monkeypatch, capfd, make, message):
     """A file that is no results file, a folder named as one, and binary bytes ended in tracebacks (the folder's

@@ -77,8 +77,6 @@ def load_records(files: list[Path]) -> list:
                 records.extend(read_benchmark_records(path) if is_benchmark_path(path) else read_records(path))
         except (ResultsFileError, BenchmarkJsonError) as exc:
             raise UsageError(str(exc)) from None
-        except UnicodeDecodeError as exc:
-            raise UsageError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
     return records
 
 

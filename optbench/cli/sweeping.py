@@ -60,8 +60,9 @@ def check_out(out: Path) -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # a torn last line is said when the sweep reads the file
             read_records(out)
-    except (ResultsFileError, UnicodeDecodeError) as exc:
-        reason = f"line {str(exc).removeprefix(f'{out}:')}" if isinstance(exc, ResultsFileError) else "not UTF-8"
+    except ResultsFileError as exc:
+        fault = str(exc).removeprefix(f"{out}:")  # "3: not a JSON line (...)", or " not UTF-8 text (...)"
+        reason = f"line {fault}" if fault[:1].isdigit() else fault.strip()
         raise UsageError(f"--out {out} is not a results file ({reason}); name a new file or one optbench wrote") \
             from None
 

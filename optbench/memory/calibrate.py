@@ -316,8 +316,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             band = run_validation(args.calibrate_on, args.held_out, args.out_dir, args.device, target)
         except (CalibrationError, ResultsFileError) as exc:
             error = exc
-        except UnicodeDecodeError as exc:
-            error = f"a results file given is not UTF-8 text ({exc.reason} at byte {exc.start})"
         except OSError as exc:  # --out-dir or --calibration-file where a file or folder stands in the way
             error = f"cannot write {exc.filename}: {exc.strerror}"
     for warning in left_out:  # one line each, not a warning's file, line and source

@@ -31,17 +31,6 @@ SCHEMA_VERSION = 4  # what each version changed, and how older records read back
 RECORD_START = '{"schema_version": '
 MIB = 2**20
 GIB = 2**30
-
-
-def size_text(n_bytes: float) -> str:
-    """Bytes for a sentence, in the unit that keeps 1-3 digits before the point: "89.42 MiB", "2.00 KiB", "0 B" (a
-    budget of 1 MiB in fixed GiB read "0.00 GiB"). A table column keeps one unit for every row instead."""
-    for unit, scale in (("GiB", GIB), ("MiB", MIB), ("KiB", 2**10)):
-        if abs(n_bytes) >= scale:
-            return f"{n_bytes / scale:,.2f} {unit}"
-    return f"{n_bytes:.0f} B"
-
-
 REFERENCE_OPTIMIZER = "adamw"  # what every table, paired difference and "% of" column compares against
 STATUSES = ("ok", "oom", "diverged", "error", "timeout", "skipped")
 FAILURES = ("error", "timeout")  # a harness or library failure (exit 3); oom, diverged and skipped are results
@@ -53,7 +42,16 @@ JOB_KEY_FIELDS = ("workload", "workload_options", "model", "pretrained", "datase
 
 __all__ = ["FAILURES", "GIB", "JOB_KEY_FIELDS", "MACHINE_KEYS", "MIB", "REFERENCE_OPTIMIZER", "SCHEMA_VERSION",
            "STATUSES", "Record", "ResultsFileError", "append_record", "completed_trial_ids",
-           "job_key", "read_records"]
+           "job_key", "read_records", "size_text"]
+
+
+def size_text(n_bytes: float) -> str:
+    """Bytes for a sentence, in the unit that keeps 1-3 digits before the point: "89.42 MiB", "2.00 KiB", "0 B" (a
+    budget of 1 MiB in fixed GiB read "0.00 GiB"). A table column keeps one unit for every row instead."""
+    for unit, scale in (("GiB", GIB), ("MiB", MIB), ("KiB", 2**10)):
+        if abs(n_bytes) >= scale:
+            return f"{n_bytes / scale:,.2f} {unit}"
+    return f"{n_bytes:.0f} B"
 
 
 @dataclass
@@ -354,7 +352,10 @@ def read_records(path: Path) -> list[Record]:
     """
     if not path.is_file():
         raise ResultsFileError(f"no such results file: {path}")
-    lines = path.read_text(encoding="utf-8-sig").splitlines()  # -sig: an editor's byte-order mark is not a fault
+    try:  # -sig: an editor's byte-order mark is not a fault
+        lines = path.read_text(encoding="utf-8-sig").splitlines()
+    except UnicodeDecodeError as exc:  # a binary or Latin-1 file: no results file, said like any other
+        raise ResultsFileError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
     records = []
     faults: dict[int, str] = {}  # line number: what is wrong with it
     for number, line in enumerate(lines, start=1):

@@ -195,7 +195,7 @@ def _read_stamp(path: Path) -> dict:
 def _read_baseline(path: Path, read):
     try:
         return read(path)
-    except ValueError as exc:  # ResultsFileError, BenchmarkJsonError, JSONDecodeError, UnicodeDecodeError
+    except ValueError as exc:  # ResultsFileError, BenchmarkJsonError, JSONDecodeError
         raise NightlyError(f"--baseline: {path} cannot be read ({exc}); point --baseline at a night's folder, or "
                            "an empty one for a first night") from None
 

@@ -67,7 +67,7 @@ def main(argv: list[str]) -> int:
         return exits.USAGE
     try:
         text = table_text(studies)
-    except ValueError as exc:  # ResultsFileError, UnicodeDecodeError: a file that is no study's records
+    except ValueError as exc:  # ResultsFileError: a file that is no study's records
         print(f"tuned-lrs: {exc}", file=sys.stderr)
         return exits.USAGE
     if check:
