@@ -842,6 +842,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "estimate-7b": lambda: command_output("estimate", "--params", "7B", "--gpus", "8", "--gpu-memory", "80GiB",
                                           "--optimizers", ESTIMATE_SHOWN),
 }
+
+
 def exit_codes() -> str:
     """The exit codes and what each means, from the one table the commands return them by."""
     from optbench.records import exits

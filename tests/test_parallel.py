@@ -7,11 +7,10 @@ import pytest
 
 from optbench import optimizers
 from optbench.__main__ import main
-from optbench.job.spec import TrialSpec
+from optbench.job.spec import PARALLEL_MODES, TrialSpec
 from optbench.memory.estimate import Estimate
 from optbench.sweep import LocalExecutor
 from optbench.sweep.executors import launch_command
-from optbench.trial.engines.parallel import MODES
 from optbench.trial.run import run_trial
 
 TINY = dict(workload="tiny", device="cpu", steps=4, warmup_steps=1, batch_size=8, seq_len=16, eval_size=24,
@@ -33,7 +32,7 @@ def adamw(state_maps):
     """Each mode once, with the resume check (a checkpoint through torch.distributed.checkpoint at step 2) and the
     sharding check (--state-map)."""
     return {mode: in_group(TrialSpec(optimizer="adamw", parallel=mode, resume_check=True, state_map_dir=state_maps,
-                                     **TINY)) for mode in MODES}
+                                     **TINY)) for mode in PARALLEL_MODES}
 
 
 def largest_tensor_state_bytes(record) -> int:

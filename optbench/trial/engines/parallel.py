@@ -31,8 +31,6 @@ from optbench.trial.engines.base import EngineResult
 if TYPE_CHECKING:
     from optbench.trial.engines.base import Setup
 
-MODES = PARALLEL_MODES
-
 
 # -- the engine --------------------------------------------------------------------------------------
 def prepare(s: Setup, record: Record) -> None:
@@ -142,7 +140,8 @@ def per_rank_markdown(records: list[Record]) -> str:
                "weights+grads+state MiB", "% of a ddp rank", "train mem MiB", "step median ms", "eval acc",
                "state changed vs 1 process"]
     rows, notes = [], []
-    ordered = sorted(records, key=lambda r: MODES.index(r.parallel) if r.parallel in MODES else len(MODES))
+    ordered = sorted(records, key=lambda r: PARALLEL_MODES.index(r.parallel) if r.parallel in PARALLEL_MODES
+                     else len(PARALLEL_MODES))
     for record in ordered:
         if not record.per_rank:
             continue
