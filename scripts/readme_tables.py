@@ -611,6 +611,20 @@ def roofline_paired(name: str = "roofline-paired") -> str:
             f"{roofline_bracketed(name)}")
 
 
+def roofline_one_thread() -> str:
+    """reference-results roofline-one-thread: the paired set (roofline_paired) with every process at one torch
+    thread, between two steadiness checks at one thread that gate nothing; the threads are the records' own."""
+    folder = RESULTS / "roofline-one-thread"
+    if not (folder / "roofline.jsonl").is_file():
+        return "not measured yet"
+    threads = sorted({r.env.get("torch_threads") for r in read_records(folder / "roofline.jsonl")}, key=str)
+    pre, post = folder / "pre-check.json", folder / "post-check.json"
+    before = f"before the set {steadiness_check(pre)}; " if pre.is_file() else ""
+    after = f"; after the set {steadiness_check(post)}" if post.is_file() else "; the check after the set did not run"
+    return (f"trials at {', '.join(map(str, threads))} torch thread(s): {before}"
+            f"{roofline_paired('roofline-one-thread')}{after}")
+
+
 def _printed_level(path: Path, working_set_bytes: int) -> tuple[float, str]:
     """(ceiling in bytes/s, slowest passes' share of the fastest in %) of one level in what calibrate-bandwidth
     printed: `       128 MiB: ceiling 35.0 GB/s (200 passes; ...); unsteady: its slowest passes ran at 65% ...`."""
@@ -888,6 +902,7 @@ VALUES: dict[str, Callable[[], str]] = {
     "roofline.steady": roofline_steady,
     "roofline.paired": roofline_paired,
     "roofline.paired-2": lambda: roofline_paired("roofline-paired-2"),
+    "roofline.one-thread": roofline_one_thread,
     "roofline.kernel-width": kernel_width,
     "roofline.step-drift": step_drift,
     "roofline.fastest-steps": roofline_fastest_steps,
