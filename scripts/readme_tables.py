@@ -611,10 +611,11 @@ def roofline_paired(name: str = "roofline-paired") -> str:
             f"{roofline_bracketed(name)}")
 
 
-def roofline_one_thread() -> str:
-    """reference-results roofline-one-thread: the paired set (roofline_paired) with every process at one torch
-    thread, between two steadiness checks at one thread that gate nothing; the threads are the records' own."""
-    folder = RESULTS / "roofline-one-thread"
+def roofline_threads(name: str = "roofline-one-thread") -> str:
+    """reference-results roofline-one-thread (its replication, and the two-thread control): the paired set
+    (roofline_paired) with every process at one thread count, between two steadiness checks at that count that gate
+    nothing; the thread count is the records' own."""
+    folder = RESULTS / name
     if not (folder / "roofline.jsonl").is_file():
         return "not measured yet"
     threads = sorted({r.env.get("torch_threads") for r in read_records(folder / "roofline.jsonl")}, key=str)
@@ -622,7 +623,7 @@ def roofline_one_thread() -> str:
     before = f"before the set {steadiness_check(pre)}; " if pre.is_file() else ""
     after = f"; after the set {steadiness_check(post)}" if post.is_file() else "; the check after the set did not run"
     return (f"trials at {', '.join(map(str, threads))} torch thread(s): {before}"
-            f"{roofline_paired('roofline-one-thread')}{after}")
+            f"{roofline_paired(name)}{after}")
 
 
 def _printed_level(path: Path, working_set_bytes: int) -> tuple[float, str]:
@@ -902,7 +903,9 @@ VALUES: dict[str, Callable[[], str]] = {
     "roofline.steady": roofline_steady,
     "roofline.paired": roofline_paired,
     "roofline.paired-2": lambda: roofline_paired("roofline-paired-2"),
-    "roofline.one-thread": roofline_one_thread,
+    "roofline.one-thread": roofline_threads,
+    "roofline.one-thread-2": lambda: roofline_threads("roofline-one-thread-2"),
+    "roofline.two-thread-control": lambda: roofline_threads("roofline-two-thread-control"),
     "roofline.kernel-width": kernel_width,
     "roofline.step-drift": step_drift,
     "roofline.fastest-steps": roofline_fastest_steps,
