@@ -490,7 +490,7 @@ def rooflines_read() -> str:
     within = [pct for pct in stream if pct <= 100]
     said = f"{len(stream)} records carry a roofline (against a steady calibration), the largest {max(within):.1f} %"
     if len(within) < len(stream):  # its ceiling did not hold for that trial: the tables show it as invalid
-        above = ", ".join(f"{pct:.1f}" for pct in stream if pct > 100)
+        above = ", ".join(f"{pct:.1f}" for pct in sorted(stream) if pct > 100)
         said += (f", and {len(stream) - len(within)} above 100 % ({above} %): a ceiling the step outran is a failed "
                  "measurement, which the tables leave out of the mean and count")
     if unsteady:
