@@ -42,6 +42,7 @@ CASES = [
     # run: numbers that are zero, negative, not numbers or infinite
     (RUN + ["--jobs", "0"], "--jobs: must be positive"),
     (RUN + ["--jobs", "two"], "--jobs: expected a whole number"),
+    (RUN + ["--threads", "0"], "--threads: must be positive"),
     (RUN + ["--max-memory", "0GiB"], "--max-memory: the memory size must be at least 1 byte"),
     (RUN + ["--max-memory", "12"], "--max-memory: expected a memory size with a unit"),
     (RUN + ["--timeout", "inf"], "--timeout: must be a positive finite number"),

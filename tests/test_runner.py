@@ -72,6 +72,18 @@ def test_jobs_2_runs_trials_at_once_and_records_each_once(tmp_path):
     assert {r.env["torch_threads"] for r in records} == {max(1, (os.cpu_count() or 1) // 2)}
 
 
+def test_threads_sets_each_trials_torch_threads_and_makes_it_another_trial(tmp_path):
+    # --threads 1 on a machine whose torch runs two: the trial runs (and its stamp says) one; its id is not the
+    # default trial's, so a results file of two-thread trials never resumes it as done, while the default's id is
+    # unchanged (older results still resume)
+    spec = TrialSpec(optimizer="adamw", **TINY, threads=1)
+    assert spec.trial_id != TrialSpec(optimizer="adamw", **TINY).trial_id
+    assert TrialSpec(optimizer="adamw", **TINY).trial_id == "b2bd40c17d8efd31"  # the id before --threads existed
+    records = run_sweep([spec], tmp_path / "r.jsonl")
+    assert records[0].status == "ok", records[0].error
+    assert records[0].env["torch_threads"] == 1
+
+
 def test_slots_are_the_jobs_on_cpu_and_the_gpus_on_cuda(monkeypatch):
     cpu = [TrialSpec(optimizer="adamw", **TINY)]
     cuda = [TrialSpec(optimizer="adamw", **{**TINY, "device": "auto"})]
@@ -271,3 +283,19 @@ def test_a_warning_the_trials_probes_raised_is_printed_once_per_sweep(tmp_path):
                                          measurement_warnings=said))
     lines = stream.getvalue().splitlines()
     assert [line for line in lines if "warning" in line] == [f"optbench: warning: {text}" for text in said]
+
+
+@pytest.mark.parametrize(("threads", "jobs", "warned"), [(None, 1, False), (1, 1, False), ("cores + 1", 1, True),
+                                                        (1, "cores + 1", True)])
+def test_more_threads_than_cores_on_cpu_is_said_before_the_sweep(threads, jobs, warned, tmp_path, capsys):
+    # --threads x --jobs past the cores this process may use: the step times are contention, and the user is told
+    from argparse import Namespace
+
+    from optbench.cli.sweeping import SLURM_FLAGS, executor
+
+    over = len(os.sched_getaffinity(0)) + 1
+    threads, jobs = (over if value == "cores + 1" else value for value in (threads, jobs))
+    args = Namespace(executor="local", threads=threads, **{dest: None for _, dest in SLURM_FLAGS})
+    executor(args, [TrialSpec(optimizer="adamw", **TINY)], tmp_path / "r.jsonl", jobs)
+    said = capsys.readouterr().err
+    assert ("is more than the" in said and "cores this process may use" in said) is warned, said

@@ -142,6 +142,10 @@ def _add_placement(where) -> None:
     where.add_argument("--jobs", type=positive_int,
                        help="trials at once: one GPU each on CUDA; on CPU the cores are shared, one thread share each "
                             "(default 1; a study: its design's, see optbench/job/presets.toml)")
+    where.add_argument("--threads", type=positive_int, metavar="N",
+                       help="torch's CPU threads in each trial (default: torch's own, all the cores this process may "
+                            "use; with --jobs a share of them). On a shared VM a roofline repeats at 1 (README, "
+                            "roofline %%), against a calibration at the same count (calibrate-bandwidth --threads)")
     where.add_argument("--executor", choices=["local", "slurm"], default="local",
                        help="local processes, or each round of trials as one Slurm job array (pip install submitit)")
     where.add_argument("--allow-errors", action="store_true",

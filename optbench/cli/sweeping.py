@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 import textwrap
 import warnings
@@ -107,9 +108,14 @@ def executor(args: argparse.Namespace, specs: list, out: Path, jobs: int):
     given = [flag for flag, dest in SLURM_FLAGS if getattr(args, dest, None) is not None]
     if given:
         raise UsageError(f"{given[0]} applies to --executor slurm")
-    if jobs > 1 and all(spec.device == "cpu" for spec in specs):
+    on_cpu = all(spec.device == "cpu" for spec in specs)
+    if jobs > 1 and on_cpu:
         print(f"optbench: warning: {jobs} trials at once share this CPU's cores and memory bandwidth; their "
               "step times interfere (use --jobs 1 for timings you quote)", file=sys.stderr)
+    cores = len(os.sched_getaffinity(0))
+    if on_cpu and args.threads and args.threads * jobs > cores:
+        print(f"optbench: warning: --threads {args.threads} x {jobs} trial(s) at once is more than the {cores} cores "
+              "this process may use: the step times measured are threads contending for them", file=sys.stderr)
     uses_bitsandbytes = any(optimizers.resolve(s.optimizer).library.startswith("bitsandbytes") for s in specs)
     return LocalExecutor(uses_bitsandbytes=uses_bitsandbytes)
 

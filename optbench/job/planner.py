@@ -25,8 +25,8 @@ from optbench.job.spec import PRESETS, STUDY_BUDGETS, Preset, StudyBudget, Trial
 JOB_FLAGS = ("workload", "workload_option", "model", "dataset", "text_column", "label_column", "steps", "warmup_steps",
              "batch_size", "seq_len", "eval_size", "eval_every", "target", "lr", "schedule", "precision", "engine",
              "parallel", "nproc", "device", "timeout", "max_memory", "optimizer_kwargs", "fidelity", "resume_check",
-             "paired_probe", "jobs", "executor", "slurm_partition", "slurm_time", "gpus_per_trial", "slurm_account",
-             "slurm_max_running", "slurm_pending_timeout", "slurm_option")
+             "paired_probe", "threads", "jobs", "executor", "slurm_partition", "slurm_time", "gpus_per_trial",
+             "slurm_account", "slurm_max_running", "slurm_pending_timeout", "slurm_option")
 
 
 class PlanError(ValueError):
@@ -159,7 +159,7 @@ def job_settings(flags: Mapping[str, Any], preset: Preset) -> dict[str, Any]:
         batch_size=flags.get("batch_size") or preset.batch_size, seq_len=flags.get("seq_len") or preset.seq_len,
         eval_size=flags.get("eval_size") or preset.eval_size, lr=flags.get("lr"),
         timeout_s=flags.get("timeout") or preset.timeout_s, fidelity=bool(flags.get("fidelity")),
-        paired_probe=bool(flags.get("paired_probe")),
+        paired_probe=bool(flags.get("paired_probe")), threads=flags.get("threads"),
         precision=flags.get("precision") or "fp32", schedule=flags.get("schedule") or "linear",
         eval_every=min(eval_every, steps), target=flags.get("target"),
         max_memory_bytes=flags.get("max_memory"), resume_check=bool(flags.get("resume_check")),

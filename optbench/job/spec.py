@@ -77,7 +77,7 @@ PRECISIONS = ("fp32", "bf16-autocast", "fp16-autocast", "bf16")  # see optbench/
 SCHEDULES = ("linear", "constant", "cosine", "wsd")  # see optbench/trial/schedules.py; linear is HF Trainer's default
 _NOT_IN_ID = ("timeout_s", "max_memory_bytes", "state_map_dir", "lr_source")
 _LATER_FIELDS = ("stage", "val_fraction", "precision", "eval_every", "target", "engine", "parallel", "nproc",
-                 "workload_options", "resume_check", "dataset_sha256", "paired_probe")
+                 "workload_options", "resume_check", "dataset_sha256", "paired_probe", "threads")
 
 
 PARALLEL_MODES = ("ddp", "zero1", "fsdp2")  # --parallel: the native loop under torchrun (trial/engines/parallel.py)
@@ -126,6 +126,9 @@ class TrialSpec:
     # trial, never one "already ok" from the rows it held before. None: the embedded data or an HF dataset name.
     dataset_sha256: str | None = None
     paired_probe: bool = False  # time the stream kernel after every optimizer step (optbench/probes/paired.py)
+    # torch's CPU threads in the trial (--threads); None: torch's own count, or the --jobs share. In trial_id when
+    # set: a step's time depends on it, so a trial at one count never passes for one at another.
+    threads: int | None = None
 
     @property
     def trial_id(self) -> str:

@@ -127,10 +127,11 @@ def cap_memory(device: Any, max_memory_bytes: int) -> None:
 
 
 def _apply_settings(spec: Any, device: Any) -> None:
-    """The trial process's own settings: a thread share (--jobs) and the memory cap (--max-memory)."""
+    """The trial process's own settings: its threads (--threads, else a --jobs or Slurm share) and the memory cap
+    (--max-memory)."""
     import torch
 
-    threads = os.environ.get(THREADS_ENV)
+    threads = spec.threads or os.environ.get(THREADS_ENV)
     if threads:  # OMP_NUM_THREADS is read at import, too late for a forked child
         torch.set_num_threads(int(threads))
     if spec.max_memory_bytes:
