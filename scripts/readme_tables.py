@@ -488,7 +488,9 @@ def rooflines_read() -> str:
     if not stream:
         raise NotMeasured("record with a roofline")
     within = [pct for pct in stream if pct <= 100]
-    said = f"{len(stream)} records carry a roofline (against a steady calibration), the largest {max(within):.1f} %"
+    said = f"{len(stream)} records carry a roofline (against a steady calibration)"
+    if within:
+        said += f", the largest {max(within):.1f} %"
     if len(within) < len(stream):  # its ceiling did not hold for that trial: the tables show it as invalid
         above = ", ".join(f"{pct:.1f}" for pct in sorted(stream) if pct > 100)
         said += (f", and {len(stream) - len(within)} above 100 % ({above} %): a ceiling the step outran is a failed "
