@@ -15,8 +15,7 @@ from transformers.training_args import OptimizerNames
 from optbench import optimizers
 from optbench.optimizers.hf import HF_TARGET_MODULES
 from optbench.probes.measure import optimizer_state_bytes
-from optbench.workloads import tiny_bert_config
-from tests._tiny import entry_step
+from tests._tiny import entry_step, skip_unavailable, tiny_bert_models
 
 LR = 1e-3
 HF_NAMES = [name.value for name in OptimizerNames]
@@ -26,8 +25,7 @@ VOLATILE = {"params", "train_mode", "weight_sum", "lr_max", "scheduled_lr", "k",
 
 @pytest.fixture(scope="module")
 def tiny_bert():
-    torch.manual_seed(0)
-    return transformers.BertForSequenceClassification(tiny_bert_config())
+    return tiny_bert_models([torch.float32])[torch.float32]
 
 
 @pytest.fixture
@@ -99,9 +97,7 @@ DEVIATIONS = {"stable_adamw": {"triton": False}}
 @pytest.mark.parametrize("name", HF_NAMES)
 def test_each_hf_name_builds_what_trainer_builds(name, tiny_bert, tmp_path, clean_global_manager, monkeypatch):
     spec = optimizers.resolve(name)
-    reason = spec.unavailable_reason()
-    if reason is not None:
-        pytest.skip(f"{name} cannot run here: {reason}")
+    skip_unavailable(spec)
     monkeypatch.setattr(torch, "compile", lambda fn, **_: fn)  # torchao: the same update, eagerly
     theirs_model, ours_model = copy.deepcopy(tiny_bert), copy.deepcopy(tiny_bert)
     theirs, (theirs_cls, theirs_kwargs) = _trainers_optimizer(name, theirs_model, tmp_path)

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import transformers
-from _tiny import TINY
+from _tiny import TINY, skip_unavailable
 
 from optbench import optimizers
 from optbench.job.spec import TrialSpec
@@ -47,9 +47,7 @@ NOT_RESUMABLE = {"grokadamw"}
 
 @pytest.mark.parametrize("entry", list(optimizers.REGISTRY.values()), ids=lambda e: e.name)
 def test_every_entry_saves_and_resumes_to_the_same_parameters(entry, monkeypatch):
-    reason = entry.unavailable_reason()
-    if reason is not None:
-        pytest.skip(f"{entry.name} is unavailable here: {reason}")
+    skip_unavailable(entry)
     if entry.step_in_backward:  # this loop calls optimizer.step(); those entries update inside backward
         pytest.skip(f"{entry.name} updates inside backward: not this loop's (the planner runs it under Trainer only)")
     if entry.library == "torchao":  # the same state tensors, without tens of seconds of compilation

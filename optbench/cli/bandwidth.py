@@ -4,11 +4,11 @@ outside the package (optbench/probes/bandwidth.py), which every later trial's ro
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
 from optbench.cli.options import UsageError, check_output
+from optbench.job.devices import usable_cpu_cores
 from optbench.records import exits
 
 
@@ -28,7 +28,7 @@ def calibrate_bandwidth_command(args: argparse.Namespace) -> int:
         torch.cuda.set_device(device)
     if args.threads:
         torch.set_num_threads(args.threads)
-    cores = len(os.sched_getaffinity(0))
+    cores = usable_cpu_cores()
     if device.type == "cpu" and args.threads and args.threads > cores:
         print(f"optbench: warning: --threads {args.threads} is more than the {cores} cores this process may use: "
               "the ceiling measured is that many threads contending for them", file=sys.stderr)

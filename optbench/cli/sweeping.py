@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import sys
 import textwrap
 import warnings
@@ -101,6 +100,7 @@ def with_lrs(plan: Plan) -> Plan:
 def executor(args: argparse.Namespace, specs: list, out: Path, jobs: int):
     """The executor asked for; on CPU, `jobs` > 1 comes with a warning about timings."""
     from optbench import optimizers
+    from optbench.job.devices import usable_cpu_cores
     from optbench.sweep import LocalExecutor
 
     if args.executor == "slurm":
@@ -112,7 +112,7 @@ def executor(args: argparse.Namespace, specs: list, out: Path, jobs: int):
     if jobs > 1 and on_cpu:
         print(f"optbench: warning: {jobs} trials at once share this CPU's cores and memory bandwidth; their "
               "step times interfere (use --jobs 1 for timings you quote)", file=sys.stderr)
-    cores = len(os.sched_getaffinity(0))
+    cores = usable_cpu_cores()
     if on_cpu and args.threads and args.threads * jobs > cores:
         print(f"optbench: warning: --threads {args.threads} x {jobs} trial(s) at once is more than the {cores} cores "
               "this process may use: the step times measured are threads contending for them", file=sys.stderr)

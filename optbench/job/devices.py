@@ -21,6 +21,12 @@ if TYPE_CHECKING:
 GPU_PINNED_ENV = "OPTBENCH_GPU_PINNED"
 
 
+def usable_cpu_cores() -> int:
+    """The CPU cores this process may run on: its affinity mask, which a container or `taskset` may make smaller
+    than the machine (os.cpu_count). What a thread count is checked against before it is timed."""
+    return len(os.sched_getaffinity(0))
+
+
 def cuda_device_count() -> int:
     """GPUs this process may use, counted through NVML (no CUDA context); 0 with a CPU build of torch."""
     import torch
