@@ -25,7 +25,7 @@ from optbench.records.environment import MACHINE_KEYS
 from optbench.records.fields import RecordFieldError, field_problem
 from optbench.records.upgrade import upgrade
 
-SCHEMA_VERSION = 4  # what each version changed, and how older records read back: upgrade.py
+SCHEMA_VERSION = 5  # what each version changed, and how older records read back: upgrade.py
 # How every record line begins (schema_version is Record's first field): a torn line that begins so is a record cut
 # mid-write, not another tool's text.
 RECORD_START = '{"schema_version": '
@@ -185,8 +185,11 @@ class Record:
     device_bandwidth_source: str | None = None
     device_bandwidth_kernel: str | None = None  # the calibration's probe kernel; None: before the field (a triad)
     device_bandwidth_probe_disagrees: bool | None = None  # the trial probe fell outside the calibration's 5-95 %
-    # traffic / optimizer-step median / the stream kernel's calibrated ceiling (None: uncalibrated); > 1: a bad ceiling
+    # traffic / optimizer-step median / the stream kernel's calibrated ceiling (None: uncalibrated); never above 1
     roofline_fraction: float | None = None
+    # that ratio where it came out above 1: the step outran the ceiling, so the ceiling was mis-measured for this trial
+    # and there is no roofline; kept as measured (written so since schema 5; older records move theirs: upgrade.py)
+    ceiling_outrun_fraction: float | None = None
     # a record from before the stream kernel (schema < 4): its ratio over a triad's bandwidth, which the fused AdamW
     # step outstreams, so no roofline (it read up to 1.73); kept as measured (upgrade.py)
     triad_roofline_fraction: float | None = None

@@ -9,7 +9,9 @@ are `galore_adamw_r8` and `apollo_adamw_r8`), and older records read back under 
 sharding check (`sharding_state_changes`). Schema 4 made `roofline_fraction` a share of the stream kernel's ceiling
 (torch's fused AdamW update over four operands, `device_bandwidth_kernel`): a record without that kernel divided by a
 triad `a += s*b` (calibrated, or its own per-trial probe), which the fused AdamW step it measured streams faster than
-(README, *roofline %*): its ratio reads back as `triad_roofline_fraction`, and its roofline as none.
+(README, *roofline %*): its ratio reads back as `triad_roofline_fraction`, and its roofline as none. Schema 5 keeps
+`roofline_fraction` at or below 1: a ratio above 1 is a step that outran its calibrated ceiling (the ceiling was
+mis-measured for that trial), and reads back as `ceiling_outrun_fraction`, with no roofline.
 
 Adding a step: bump record.SCHEMA_VERSION, and translate here what the older fields meant.
 """
@@ -24,7 +26,9 @@ RENAMED_OPTIMIZERS = {"sgd": "sgd_momentum", "galore_adamw": "galore_adamw_r8", 
 def upgrade(data: dict[str, Any]) -> dict[str, Any]:
     """Schema 1 -> 2: a constant lr after warm-up, and the tiny BERT's width out of the workload name.
     Schema 2 -> 3: the entries renamed to free HF Trainer's names (`RENAMED_OPTIMIZERS`).
-    Schema 3 -> 4: a roofline over a triad's bandwidth is no roofline; its ratio moves to `triad_roofline_fraction`."""
+    Schema 3 -> 4: a roofline over a triad's bandwidth is no roofline; its ratio moves to `triad_roofline_fraction`.
+    Schema 4 -> 5: a ratio above 1 over the stream kernel's ceiling is no roofline; it moves to
+    `ceiling_outrun_fraction`."""
     version = int(data.get("schema_version") or 1)
     if version < 2:
         data.setdefault("schedule", "constant")
@@ -35,4 +39,6 @@ def upgrade(data: dict[str, Any]) -> dict[str, Any]:
         data["optimizer"] = RENAMED_OPTIMIZERS[data["optimizer"]]
     if version < 4 and not data.get("device_bandwidth_kernel") and data.get("roofline_fraction") is not None:
         data["triad_roofline_fraction"] = data.pop("roofline_fraction")
+    if version < 5 and (data.get("roofline_fraction") or 0) > 1:
+        data["ceiling_outrun_fraction"] = data.pop("roofline_fraction")
     return data

@@ -115,8 +115,11 @@ def _matches_analytic(record: Record) -> str | None:
 
 def _roofline_pct(record: Record) -> float | None:
     """The roofline in %, only against a steady calibrated ceiling: a record without one (or from before
-    calibrations, which divided by its own per-trial probe, or stamped with an unsteady calibration) has none."""
-    return _pct_of_steady_ceiling(record, record.roofline_fraction)
+    calibrations, which divided by its own per-trial probe, or stamped with an unsteady calibration) has none. A step
+    that outran its ceiling reads its ratio (above 100 %), which the column's `invalid_above` shows as a failed
+    calibration, never as a figure."""
+    outran = record.ceiling_outrun_fraction
+    return _pct_of_steady_ceiling(record, record.roofline_fraction if outran is None else outran)
 
 
 def triad_roofline_pct(record: Record) -> float | None:

@@ -112,8 +112,14 @@ def describe_bandwidth(record: Record, samples: list[float], calibration: Bandwi
     """The bandwidth figures (the trial's own probe samples taken around training, the machine's calibrated ceiling
     and where it came from: optbench/probes/bandwidth.py) and the roofline share: the optimizer step's analytic
     traffic over its median time, against the calibrated ceiling of the step's working set only (none without a
-    calibration: a ceiling sampled during one trial on a shared machine is noise)."""
+    calibration: a ceiling sampled during one trial on a shared machine is noise). A ratio above 1 is a step that
+    outran its ceiling, a failed calibration for this trial rather than a roofline: it is kept as
+    `ceiling_outrun_fraction`, and `roofline_fraction` stays none."""
     bandwidth.describe_bandwidth(record, samples, calibration, source, step_working_set_bytes(record))
     ceiling = record.device_bandwidth_calibrated_bytes_per_s
     if record.optimizer_step_median_s and ceiling and record.optimizer_step_traffic_bytes:
-        record.roofline_fraction = record.optimizer_step_traffic_bytes / record.optimizer_step_median_s / ceiling
+        ratio = record.optimizer_step_traffic_bytes / record.optimizer_step_median_s / ceiling
+        if ratio > 1:
+            record.ceiling_outrun_fraction = ratio
+        else:
+            record.roofline_fraction = ratio
