@@ -121,3 +121,30 @@ def test_a_device_torch_knows_but_optbench_does_not_measure_is_refused(name):
 
     with pytest.raises(ValueError, match="not one optbench measures on"):
         resolve_device(name)
+
+
+class _Envs:
+    """An executor that keeps the environment each trial was given."""
+
+    def __init__(self) -> None:
+        self.envs: list[dict[str, str]] = []
+
+    def run(self, spec, env):
+        self.envs.append(env)
+        return Record(trial_id=spec.trial_id, optimizer=spec.optimizer, seed=spec.seed, status="ok")
+
+    def stop(self) -> None:
+        pass
+
+
+def test_cpu_slots_share_the_cores_this_process_may_use_not_the_machines(tmp_path, monkeypatch):
+    """A container granting 2 of the machine's 64 cores: two slots run one thread each (64 // 2 would oversubscribe
+    the two cores 32 times over); the --threads warning counts the same cores."""
+    from optbench.sweep import runner
+
+    monkeypatch.setattr(runner.os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(runner, "usable_cpu_cores", lambda: 2)
+    specs = [TrialSpec(optimizer="adamw", device="cpu", seed=seed, workload="tiny") for seed in range(2)]
+    executor = _Envs()
+    runner.run_sweep(specs, tmp_path / "r.jsonl", jobs=2, executor=executor, progress=None)
+    assert [env["OPTBENCH_TORCH_THREADS"] for env in executor.envs] == ["1", "1"]

@@ -19,7 +19,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import NoReturn, TextIO
 
-from optbench.job.devices import cuda_device_count, device_kind
+from optbench.job.devices import cuda_device_count, device_kind, usable_cpu_cores
 from optbench.job.spec import TrialSpec
 from optbench.records.record import Record, append_record, completed_trial_ids
 from optbench.sweep.devices import GpuLocks, check_devices, gpu_slots, trial_environment, visible_gpus
@@ -90,6 +90,9 @@ def _run_in_slots(pending: list[TrialSpec], executor: Executor, store: _Store, j
     check_devices((s.device for s in pending), visible)  # a cuda:N past the mask fails before any trial starts
     slots = slot_count(pending, jobs, visible)
     gpu_locks = GpuLocks()
+    # the cores this process may use (its affinity mask), which the --threads warning counts too: a container or
+    # `taskset` that grants 2 of 64 cores gives each of 2 slots 1 thread, not 32
+    cpu_cores = usable_cpu_cores()
     free: queue.SimpleQueue[int] = queue.SimpleQueue()
     for slot in range(slots):
         free.put(slot)
@@ -97,7 +100,7 @@ def _run_in_slots(pending: list[TrialSpec], executor: Executor, store: _Store, j
     def in_slot(spec: TrialSpec) -> Record:
         slot = free.get()
         try:
-            env = trial_environment(spec.device, spec.nproc, slot, visible, slots, os.cpu_count() or 1)
+            env = trial_environment(spec.device, spec.nproc, slot, visible, slots, cpu_cores)
             with gpu_locks.hold(env):  # a pinned cuda:N waits for GPU N, whatever its slot
                 return executor.run(spec, env)
         finally:
