@@ -25,7 +25,7 @@ from optbench.cli.argtypes import (
     seed_list,
     threshold,
 )
-from optbench.job.spec import PARALLEL_MODES, PRECISIONS, PRESETS, SCHEDULES
+from optbench.job.spec import PARALLEL_MODES, PARALLEL_NPROC, PRECISIONS, PRESETS, SCHEDULES
 from optbench.trial.engines import ENGINES
 
 
@@ -116,7 +116,7 @@ def _add_job_definition(job) -> None:
     job.add_argument("--parallel", choices=("none", *PARALLEL_MODES), default="none",
                      help="data-parallel mode across --nproc processes (torchrun): ddp, zero1 (state sharded) or "
                           "fsdp2 (weights, grads and state sharded)")
-    job.add_argument("--nproc", type=positive_int, help="processes (ranks) for --parallel (default 2)")
+    job.add_argument("--nproc", type=positive_int, help=f"processes (ranks) for --parallel (default {PARALLEL_NPROC})")
     job.add_argument("--optimizer-kwargs", action="append", default=[], metavar="NAME=JSON",
                      help="extra constructor kwargs for one optimizer, e.g. 'adamw8bit={\"betas\": [0.9, 0.95]}' "
                           "(repeatable)")
@@ -394,4 +394,4 @@ def _add_memory_parsers(commands) -> None:
     explain.add_argument("--parallel", choices=("none", *PARALLEL_MODES), default="none",
                          help="also each rank's state under this mode and every parameter whose state precision or "
                               "bytes per element differ from one process (predicted, no training)")
-    explain.add_argument("--nproc", type=positive_int, help="ranks for --parallel (default 2)")
+    explain.add_argument("--nproc", type=positive_int, help=f"ranks for --parallel (default {PARALLEL_NPROC})")

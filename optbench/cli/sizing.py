@@ -11,6 +11,7 @@ from pathlib import Path
 
 from optbench.cli.options import UsageError, load_records
 from optbench.cli.sweeping import check_inputs, check_out
+from optbench.job.spec import PARALLEL_NPROC
 from optbench.records import exits
 
 
@@ -110,7 +111,8 @@ def explain_command(args: argparse.Namespace) -> int:
     try:
         print(statemap.explain(args.optimizer, workload=args.workload, model=args.model))
         if args.parallel != "none":
-            print("\n" + sharding.explain(args.optimizer, args.parallel, args.nproc or 2, args.workload, args.model))
+            nproc = args.nproc or PARALLEL_NPROC
+            print("\n" + sharding.explain(args.optimizer, args.parallel, nproc, args.workload, args.model))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     return exits.OK

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from optbench import optimizers
-from optbench.job.spec import PRESETS, STUDY_BUDGETS, Preset, StudyBudget, TrialSpec, build_grid
+from optbench.job.spec import PARALLEL_NPROC, PRESETS, STUDY_BUDGETS, Preset, StudyBudget, TrialSpec, build_grid
 
 # Every flag that defines the job or where it runs, by its argparse destination. run, study and nightly all take
 # them (options.add_job_arguments); a test walks run's parser against this list.
@@ -124,7 +124,7 @@ def _parallel(flags: Mapping[str, Any]) -> dict[str, Any]:
         raise PlanError(f"--parallel {mode} gives rank i the i-th visible GPU; use --device cuda (and "
                         "CUDA_VISIBLE_DEVICES to choose the GPUs), not a device index")
     # --nproc 1 is a one-rank group: the torchrun, collective and checkpoint path on a one-GPU machine.
-    return {"engine": "native", "parallel": mode, "nproc": nproc or 2}
+    return {"engine": "native", "parallel": mode, "nproc": nproc or PARALLEL_NPROC}
 
 
 def dataset_fingerprint(dataset: str | None) -> str | None:

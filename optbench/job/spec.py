@@ -81,6 +81,7 @@ _LATER_FIELDS = ("stage", "val_fraction", "precision", "eval_every", "target", "
 
 
 PARALLEL_MODES = ("ddp", "zero1", "fsdp2")  # --parallel: the native loop under torchrun (trial/engines/parallel.py)
+PARALLEL_NPROC = 2  # the ranks a --parallel mode runs without --nproc (run, study and explain)
 
 
 @dataclass(frozen=True)
