@@ -61,8 +61,7 @@ def check_out(out: Path) -> None:
             warnings.simplefilter("ignore")  # a torn last line is said when the sweep reads the file
             read_records(out)
     except ResultsFileError as exc:
-        fault = str(exc).removeprefix(f"{out}:")  # "3: not a JSON line (...)", or " not UTF-8 text (...)"
-        reason = f"line {fault}" if fault[:1].isdigit() else fault.strip()
+        reason = exc.reason if exc.line is None else f"line {exc.line}: {exc.reason}"
         raise UsageError(f"--out {out} is not a results file ({reason}); name a new file or one optbench wrote") \
             from None
 

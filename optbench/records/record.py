@@ -341,7 +341,12 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 class ResultsFileError(ValueError):
-    """A results file that is missing or holds something other than records."""
+    """A results file that is missing or holds something other than records: `reason` says what, `line` where (None:
+    the file as a whole); the message is `path:line: reason`, or `path: reason`."""
+
+    def __init__(self, path: Path, reason: str, line: int | None = None) -> None:
+        self.path, self.reason, self.line = path, reason, line
+        super().__init__(f"{path}:{line}: {reason}" if line is not None else f"{path}: {reason}")
 
 
 def read_records(path: Path) -> list[Record]:
@@ -354,11 +359,11 @@ def read_records(path: Path) -> list[Record]:
     rerunning the sweep resumes it.
     """
     if not path.is_file():
-        raise ResultsFileError(f"no such results file: {path}")
+        raise ResultsFileError(path, "no such results file")
     try:  # -sig: an editor's byte-order mark is not a fault
         lines = path.read_text(encoding="utf-8-sig").splitlines()
     except UnicodeDecodeError as exc:  # a binary or Latin-1 file: no results file, said like any other
-        raise ResultsFileError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
+        raise ResultsFileError(path, f"not UTF-8 text (byte {exc.start}: {exc.reason})") from None
     records = []
     faults: dict[int, str] = {}  # line number: what is wrong with it
     for number, line in enumerate(lines, start=1):
@@ -379,7 +384,7 @@ def read_records(path: Path) -> list[Record]:
     first = next(iter(faults), None)
     torn_last = list(faults) == [len(lines)] and faults[first].startswith("not a JSON line")  # type: ignore[index]
     if first is not None and not records and not (torn_last and lines[-1].startswith(RECORD_START)):
-        raise ResultsFileError(f"{path}:{first}: {faults[first]}")
+        raise ResultsFileError(path, faults[first], first)
     if torn_last:
         warnings.warn(f"{path}:{len(lines)}: skipping a torn last line (sweep killed mid-write?)", stacklevel=2)
     elif faults:

@@ -9,7 +9,7 @@ are `galore_adamw_r8` and `apollo_adamw_r8`), and older records read back under 
 sharding check (`sharding_state_changes`). Schema 4 made `roofline_fraction` a share of the stream kernel's ceiling
 (torch's fused AdamW update over four operands, `device_bandwidth_kernel`): a record without that kernel divided by a
 triad `a += s*b` (calibrated, or its own per-trial probe), which the fused AdamW step it measured streams faster than
-(README, *roofline %*): its ratio reads back as `triad_roofline_fraction`, and its roofline as none. Schema 5 keeps
+(docs/roofline.md): its ratio reads back as `triad_roofline_fraction`, and its roofline as none. Schema 5 keeps
 `roofline_fraction` at or below 1: a ratio above 1 is a step that outran its calibrated ceiling (the ceiling was
 mis-measured for that trial), and reads back as `ceiling_outrun_fraction`, with no roofline.
 
