@@ -187,8 +187,7 @@ class Record:
     device_bandwidth_probe_disagrees: bool | None = None  # the trial probe fell outside the calibration's 5-95 %
     # traffic / optimizer-step median / the stream kernel's calibrated ceiling (None: uncalibrated); never above 1
     roofline_fraction: float | None = None
-    # that ratio where it came out above 1: the step outran the ceiling, so the ceiling was mis-measured for this trial
-    # and there is no roofline; kept as measured (written so since schema 5; older records move theirs: upgrade.py)
+    # that ratio above 1: the step outran a ceiling mis-measured for it, so no roofline; kept as measured (upgrade.py)
     ceiling_outrun_fraction: float | None = None
     # a record from before the stream kernel (schema < 4): its ratio over a triad's bandwidth, which the fused AdamW
     # step outstreams, so no roofline (it read up to 1.73); kept as measured (upgrade.py)
@@ -341,8 +340,7 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 class ResultsFileError(ValueError):
-    """A results file that is missing or holds something other than records: `reason` says what, `line` where (None:
-    the file as a whole); the message is `path:line: reason`, or `path: reason`."""
+    """A results file that is missing or holds something other than records: `reason`, at `line` (None: the file)."""
 
     def __init__(self, path: Path, reason: str, line: int | None = None) -> None:
         self.path, self.reason, self.line = path, reason, line
