@@ -98,6 +98,20 @@ def test_the_time_limit_is_predicted_from_the_same_jobs_records_else_the_timeout
     assert time_limit_min([spec, other], history, 0) == 12  # the array's limit: its longest trial's
 
 
+@pytest.mark.parametrize("changes", [{"warmup_steps": 2}, {"schedule": "cosine"}, {"world_size": 2},
+                                     {"env": {"torch_threads": 2}}])
+def test_a_record_of_other_warmup_schedule_ranks_or_threads_does_not_predict_the_time_limit(changes):
+    spec = TrialSpec(optimizer="adamw", **TINY, timeout_s=600, threads=1)
+    fields = {k: v for k, v in TINY.items() if k != "workload"}
+
+    def done(**more) -> Record:
+        return Record(trial_id="adamw", optimizer="adamw", wall_s=50.0, workload="tiny", status="ok",
+                      **{**fields, "env": {"torch_threads": 1}, **more})
+
+    assert time_limit_min([spec], [done()], 0) == 4  # the same job: 2 x 50 s + 120 s = 220 s -> 4 min
+    assert time_limit_min([spec], [done(**changes)], 0) == 12  # another job: the trial's timeout
+
+
 def test_the_node_gives_the_trial_its_cpus_and_no_gpu_it_did_not_ask_for():
     cpu = node_environment(0, {"SLURM_CPUS_ON_NODE": "4", "CUDA_VISIBLE_DEVICES": "0,1"})
     assert cpu == {"OPTBENCH_TORCH_THREADS": "4", "OMP_NUM_THREADS": "4", "CUDA_VISIBLE_DEVICES": ""}

@@ -70,13 +70,18 @@ def gpus_for(spec: TrialSpec, asked: int | None, partition_gpus: int | None) -> 
 
 
 def _same_job(spec: TrialSpec, record: Record, gpus: int) -> bool:
-    """A recorded trial that predicts this one's time: same optimizer, job size and kind of device."""
+    """A recorded trial that predicts this one's time: same optimizer, job, ranks, threads and kind of device.
+
+    The job's fields are record.JOB_KEY_FIELDS as the spec names them (its model and dataset None: the workload's
+    own); a spec's --threads, where set, must be the count the record's trial ran with (torch_threads)."""
     return (record.optimizer == spec.optimizer and record.workload == spec.workload
             and record.workload_options == spec.workload_options and spec.model in (None, record.model)
             and spec.dataset in (None, record.dataset) and record.steps == spec.steps
+            and record.warmup_steps == spec.warmup_steps and record.schedule == spec.schedule
             and record.batch_size == spec.batch_size and record.seq_len == spec.seq_len
             and record.eval_size == spec.eval_size and record.precision == spec.precision
             and record.engine == spec.engine and record.parallel == spec.parallel
+            and record.world_size == spec.nproc and spec.threads in (None, record.env.get("torch_threads"))
             and record.fidelity == spec.fidelity and record.resume_check == spec.resume_check
             and (record.stage is None) == (spec.stage is None) and record.device.startswith("cuda") == bool(gpus))
 
