@@ -11,6 +11,7 @@ import textwrap
 from typing import Any
 
 from optbench.records import exits
+from optbench.records.text import clip
 
 WIDTH = 120
 PRECISION_CHARS = 26  # the longest labels ("int8-blockwise, fp32 embeddings") are clipped in the terminal table
@@ -34,10 +35,6 @@ def _rows() -> list[dict[str, Any]]:
     return rows
 
 
-def _clip(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: width - 1] + "…"
-
-
 def render_text(rows: list[dict[str, Any]]) -> str:
     """The terminal table: the HF name shown as "=" where it is the entry's own name, the precision clipped, each
     unavailable entry pointing at a numbered reason below the table (entries sharing a reason share its number)."""
@@ -49,7 +46,7 @@ def render_text(rows: list[dict[str, Any]]) -> str:
         why = row["why_not_here"]
         here = "yes" if not why else f"no [{reasons.setdefault(why, len(reasons) + 1)}]"
         hf = "=" if row["hf_optim"] == row["optimizer"] else row["hf_optim"]
-        table.append([row["optimizer"], hf, _clip(row["precision"], PRECISION_CHARS),
+        table.append([row["optimizer"], hf, clip(row["precision"], PRECISION_CHARS),
                       f"{row['state_bytes_per_param_1024x1024_fp32']:.3f}", row["default_lr"],
                       row["install"].removeprefix("optbench"), here])
     text = tabulate(table, headers=["optimizer", "HF optim", "precision", "B/param", "lr", "install", "here"],

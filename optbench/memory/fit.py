@@ -32,7 +32,8 @@ from typing import Any, TextIO
 from optbench.job.devices import device_kind
 from optbench.job.spec import PRESETS, TrialSpec
 from optbench.memory.calibrate import measured_peak
-from optbench.records.record import GIB, MIB, Record, read_records, size_text
+from optbench.records.record import GIB, MIB, Record, read_records
+from optbench.records.text import size_text
 
 GROW_FIELDS = {"batch": "batch_size", "seq": "seq_len"}
 PROBE_STEPS, PROBE_WARMUP_STEPS = 5, 2  # the peak is reached by the second step; three timed steps for samples/s

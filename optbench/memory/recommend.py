@@ -23,7 +23,8 @@ from dataclasses import dataclass
 
 from optbench.memory import estimate as est
 from optbench.optimizers import REGISTRY, UnknownOptimizerError, resolve
-from optbench.records.record import REFERENCE_OPTIMIZER, Record, size_text
+from optbench.records.record import REFERENCE_OPTIMIZER, Record
+from optbench.records.text import size_text
 from optbench.report import bounds, pareto, stats
 from optbench.report.metrics import eval_target
 

@@ -36,6 +36,7 @@ from optbench.job.spec import PARALLEL_MODES
 from optbench.memory.statemap import LINE_CHARS, SHARED, SHARED_ROW_NAME, StateRow, explain_model, module_kind
 from optbench.optimizers import OptimizerSpec, Param, resolve
 from optbench.records.record import MIB
+from optbench.records.text import clip
 
 RELATIVE_TOLERANCE = 0.01  # a bytes change: at least 1 % of one process's bytes for the parameter ...
 ABSOLUTE_TOLERANCE_BYTES = 1024  # ... and at least 1 KiB (a per-shard scalar is not a change)
@@ -208,7 +209,7 @@ def render(single: Sequence[StateRow], ranks: Sequence[Sequence[StateRow]], chan
         times = f" x{count}" if count > 1 else ""
         for line in (f"  {change.name}{times} ({change.kind}): {change.single} -> {change.sharded}",
                      f"    why: {change.why}" if change.why else ""):
-            lines += [line if len(line) <= LINE_CHARS else line[: LINE_CHARS - 1] + "…"] if line else []
+            lines += [clip(line, LINE_CHARS)] if line else []
     return "\n".join(lines)
 
 

@@ -21,7 +21,8 @@ from typing import Any
 
 from optbench.optimizers import OptimizerSpec, Param, describe_model, resolve
 from optbench.optimizers.base import HEAD_MODULE_NAMES, MODULE_KINDS, dtype_name, short_dtype
-from optbench.records.record import MIB, size_text
+from optbench.records.record import MIB
+from optbench.records.text import clip, size_text
 
 SHARED = "shared"  # the module kind (and `bytes_by_module` key) of the shared row
 SHARED_ROW_NAME = "(shared)"
@@ -229,12 +230,6 @@ def _display_prefix(rows: Sequence[StateRow]) -> str:
     return top if firsts.count(top) * 2 > len(rows) else ""
 
 
-def _clip(text: str, width: int, left: bool = False) -> str:
-    if len(text) <= width:
-        return text
-    return "…" + text[len(text) - width + 1:] if left else text[: width - 1] + "…"
-
-
 def _section(kind: str, members: list[tuple[StateRow, int]]) -> str:
     numel, state_bytes = sum(r.numel * c for r, c in members), sum(r.state_bytes * c for r, c in members)
     if kind == SHARED:
@@ -259,9 +254,9 @@ def _table_lines(rows: Sequence[StateRow], prefix: str) -> list[str]:
         lines += [_section(kind, members)] if members else []
         for row, _ in members:
             shape, dtypes, size = cells[id(row)]
-            line = (f"  {_clip(names[id(row)], name_width, left=True):<{name_width}} {shape:>{shape_width}} "
+            line = (f"  {clip(names[id(row)], name_width, left=True):<{name_width}} {shape:>{shape_width}} "
                     f"{dtypes:<{dtype_width}} {size:>{size_width}}  ")
-            lines.append(line + _clip(row.why, LINE_CHARS - len(line)))
+            lines.append(line + clip(row.why, LINE_CHARS - len(line)))
     return lines
 
 
@@ -285,7 +280,7 @@ def _answer(rows: Sequence[StateRow], prefix: str) -> str:
             + ", ".join(f"{kind} {_percent(n / fp32_numel)}" for n, kind in top))
     biggest = max(params, key=lambda row: row.fp32_state_numel)
     mostly = f"; mostly {biggest.name.removeprefix(prefix)}" if 2 * biggest.fp32_state_numel > fp32_numel else ""
-    return text + mostly if len(text + mostly) <= LINE_CHARS else _clip(text, LINE_CHARS)
+    return text + mostly if len(text + mostly) <= LINE_CHARS else clip(text, LINE_CHARS)
 
 
 def _percent(fraction: float) -> str:
@@ -302,7 +297,7 @@ def render_explain(rows: Sequence[StateRow], title: str = "") -> str:
     prefix = _display_prefix(rows)
     numel = sum(row.numel for row in rows)
     state_bytes = sum(row.state_bytes for row in rows)
-    lines = [_clip(title, LINE_CHARS)] if title else []
+    lines = [clip(title, LINE_CHARS)] if title else []
     lines += [f"names below drop their leading '{prefix}'"] if prefix else []
     lines += _table_lines(rows, prefix)
     lines.append(f"total: {numel:,} params, {state_bytes:,} state bytes ({state_bytes / MIB:.2f} MiB), "

@@ -23,14 +23,13 @@ from typing import Any
 
 from optbench.records.environment import MACHINE_KEYS
 from optbench.records.fields import RecordFieldError, field_problem
+from optbench.records.text import GIB, MIB
 from optbench.records.upgrade import upgrade
 
 SCHEMA_VERSION = 5  # what each version changed, and how older records read back: upgrade.py
 # How every record line begins (schema_version is Record's first field): a torn line that begins so is a record cut
 # mid-write, not another tool's text.
 RECORD_START = '{"schema_version": '
-MIB = 2**20
-GIB = 2**30
 REFERENCE_OPTIMIZER = "adamw"  # what every table, paired difference and "% of" column compares against
 STATUSES = ("ok", "oom", "diverged", "error", "timeout", "skipped")
 FAILURES = ("error", "timeout")  # a harness or library failure (exit 3); oom, diverged and skipped are results
@@ -42,16 +41,7 @@ JOB_KEY_FIELDS = ("workload", "workload_options", "model", "pretrained", "datase
 
 __all__ = ["FAILURES", "GIB", "JOB_KEY_FIELDS", "MACHINE_KEYS", "MIB", "REFERENCE_OPTIMIZER", "SCHEMA_VERSION",
            "STATUSES", "Record", "ResultsFileError", "append_record", "completed_trial_ids",
-           "job_key", "read_records", "size_text"]
-
-
-def size_text(n_bytes: float) -> str:
-    """Bytes for a sentence, in the unit that keeps 1-3 digits before the point: "89.42 MiB", "2.00 KiB", "0 B" (a
-    budget of 1 MiB in fixed GiB read "0.00 GiB"). A table column keeps one unit for every row instead."""
-    for unit, scale in (("GiB", GIB), ("MiB", MIB), ("KiB", 2**10)):
-        if abs(n_bytes) >= scale:
-            return f"{n_bytes / scale:,.2f} {unit}"
-    return f"{n_bytes:.0f} B"
+           "job_key", "read_records"]
 
 
 @dataclass

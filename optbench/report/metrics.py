@@ -20,6 +20,7 @@ from typing import Any
 from optbench.probes import steady_calibration
 from optbench.records.peaks import held_bytes, on_cuda, train_memory_bytes
 from optbench.records.record import MIB, Record
+from optbench.records.text import clip
 
 LOWER, HIGHER, TARGET = "lower", "higher", "target"  # directions; TARGET: the record's target_mode decides
 TIME, MEMORY, QUALITY = "time", "memory", "quality"  # compare's gate checks
@@ -72,7 +73,7 @@ RESUME_CELL_CHARS = 60  # the README's and report's tables stay readable; the er
 def _resume_cell(record: Record) -> str | None:
     """The resume status, a library's long error cut to a table cell (the record keeps all of it)."""
     status = record.resume_status
-    return status if not status or len(status) <= RESUME_CELL_CHARS else status[:RESUME_CELL_CHARS - 1] + "…"
+    return clip(status, RESUME_CELL_CHARS) if status else status
 
 
 def _scientific(field: str) -> Callable[[Record], str | None]:
