@@ -80,14 +80,16 @@ def test_gpus_per_task_follow_the_device_the_partition_and_the_flag(device, npro
     assert gpus_for(spec, asked, partition_gpus) == gpus
 
 
+def done(optimizer: str, wall_s: float, **changes) -> Record:
+    """A trial of the TINY job recorded ok in `wall_s` (`changes`: other fields)."""
+    fields = {k: v for k, v in TINY.items() if k != "workload"}
+    return Record(trial_id=optimizer, optimizer=optimizer, wall_s=wall_s, workload="tiny",
+                  **{**fields, "status": "ok", **changes})
+
+
 def test_the_time_limit_is_predicted_from_the_same_jobs_records_else_the_timeout():
     spec = TrialSpec(optimizer="adamw", **TINY, timeout_s=600)
     assert time_limit_min([spec], [], 0) == (600 + NODE_SLACK_S) / 60  # nothing recorded: the trial's timeout
-
-    def done(optimizer: str, wall_s: float, **changes) -> Record:
-        fields = {k: v for k, v in TINY.items() if k != "workload"}
-        return Record(trial_id=optimizer, optimizer=optimizer, wall_s=wall_s, workload="tiny",
-                      **{**fields, "status": "ok", **changes})
 
     history = [done("adamw", 50.0), done("adamw", 70.0), done("adafactor", 400.0),
                done("adamw", 500.0, steps=300), done("adamw", 900.0, status="error")]
@@ -102,14 +104,10 @@ def test_the_time_limit_is_predicted_from_the_same_jobs_records_else_the_timeout
                                      {"env": {"torch_threads": 2}}])
 def test_a_record_of_other_warmup_schedule_ranks_or_threads_does_not_predict_the_time_limit(changes):
     spec = TrialSpec(optimizer="adamw", **TINY, timeout_s=600, threads=1)
-    fields = {k: v for k, v in TINY.items() if k != "workload"}
-
-    def done(**more) -> Record:
-        return Record(trial_id="adamw", optimizer="adamw", wall_s=50.0, workload="tiny", status="ok",
-                      **{**fields, "env": {"torch_threads": 1}, **more})
-
-    assert time_limit_min([spec], [done()], 0) == 4  # the same job: 2 x 50 s + 120 s = 220 s -> 4 min
-    assert time_limit_min([spec], [done(**changes)], 0) == 12  # another job: the trial's timeout
+    same = done("adamw", 50.0, env={"torch_threads": 1})
+    assert time_limit_min([spec], [same], 0) == 4  # the same job: 2 x 50 s + 120 s = 220 s -> 4 min
+    other = done("adamw", 50.0, **{"env": {"torch_threads": 1}, **changes})
+    assert time_limit_min([spec], [other], 0) == 12  # another job: the trial's timeout
 
 
 def test_the_node_gives_the_trial_its_cpus_and_no_gpu_it_did_not_ask_for():

@@ -72,8 +72,8 @@ def gpus_for(spec: TrialSpec, asked: int | None, partition_gpus: int | None) -> 
 def _same_job(spec: TrialSpec, record: Record, gpus: int) -> bool:
     """A recorded trial that predicts this one's time: same optimizer, job, ranks, threads and kind of device.
 
-    The job's fields are record.JOB_KEY_FIELDS as the spec names them (its model and dataset None: the workload's
-    own); a spec's --threads, where set, must be the count the record's trial ran with (torch_threads)."""
+    The job is every record.JOB_KEY_FIELDS field a spec has (world_size as its nproc; its model and dataset None:
+    the workload's own); a spec's --threads, where set, must be the count the record's trial ran with."""
     return (record.optimizer == spec.optimizer and record.workload == spec.workload
             and record.workload_options == spec.workload_options and spec.model in (None, record.model)
             and spec.dataset in (None, record.dataset) and record.steps == spec.steps
