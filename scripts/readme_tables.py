@@ -418,20 +418,24 @@ def stray_from_median(values: list[float]) -> float:
     return max(abs(value / middle - 1) for value in values)
 
 
+def set_rooflines(relative: str, agreeing_only: bool = False) -> tuple[list[Record], list[float]]:
+    """The ok trials of one committed set that have a figure against a steady calibration, and those figures in %:
+    the roofline (a ratio above 1.0 kept as measured, `ceiling_outrun_fraction`) or, before the stream kernel
+    (triad/, roofline-thp/), the ratio it read then over the triad's ceiling (records/upgrade.py, schema 4).
+    `agreeing_only`: the trials whose own probe agreed with the calibration."""
+    shown = [(r, metrics.record_values(r)["roofline_pct"] if r.device_bandwidth_kernel else
+              metrics.triad_roofline_pct(r)) for r in read_records(RESULTS / relative) if r.status == "ok"
+             and (not agreeing_only or r.device_bandwidth_probe_disagrees is False)]
+    return [r for r, value in shown if value is not None], [value for _, value in shown if value is not None]
+
+
 def roofline_agreement(relative: str = "roofline.jsonl", agreeing_only: bool = False) -> str:
     """The roofline of one kernel (adamw_fused) over several trials against the calibrated ceiling: its range, how
     far the trials stray from their median, and whether any exceeds 100 % (of `relative` under results/cpu-2core;
     `agreeing_only`: the trials whose own probe agreed with the calibration)."""
-    path = RESULTS / relative
-    if not path.is_file():
+    if not (RESULTS / relative).is_file():
         return "not measured yet"
-    # a set from before the stream kernel (triad/, roofline-thp/) reads its ratio over the triad's ceiling: what it
-    # read then, though no roofline (records/upgrade.py, schema 4)
-    shown = [(r, metrics.record_values(r)["roofline_pct"] if r.device_bandwidth_kernel else
-              metrics.triad_roofline_pct(r)) for r in read_records(path) if r.status == "ok"
-             and (not agreeing_only or r.device_bandwidth_probe_disagrees is False)]
-    ok = [r for r, value in shown if value is not None]  # against a steady calibration only
-    values = [value for _, value in shown if value is not None]
+    ok, values = set_rooflines(relative, agreeing_only)
     if not ok:
         return f"no trial in {relative} against a steady calibration"
     stray = stray_from_median(values)
@@ -450,6 +454,34 @@ def roofline_agreement(relative: str = "roofline.jsonl", agreeing_only: bool = F
 ROOFLINE_SETS = ("triad/roofline.jsonl", "roofline-thp/off.jsonl", "roofline-thp/on.jsonl", "roofline.jsonl",
                  "roofline-confirm/roofline.jsonl", "roofline-bracketed/roofline.jsonl",
                  "roofline-bracketed-2/roofline.jsonl")
+# Every set of five fused-AdamW trials committed under results/cpu-2core, in the order docs/roofline.md tells them
+# (the twelve sets, then the two-thread control): what "Does it repeat?" counts.
+ROOFLINE_REPEAT_SETS = (*ROOFLINE_SETS, "roofline-steady/roofline.jsonl", "roofline-paired/roofline.jsonl",
+                        "roofline-paired-2/roofline.jsonl", "roofline-one-thread/roofline.jsonl",
+                        "roofline-one-thread-2/roofline.jsonl", "roofline-two-thread-control/roofline.jsonl")
+
+
+def roofline_repeat() -> str:
+    """Does a roofline repeat? Per torch thread count, in how many of the committed sets with a steady calibration
+    five trials agreed within ±5 % (`roofline_agreement`), and at one thread the range they read."""
+    by_threads: dict[int, list[tuple[str, list[float]]]] = {}
+    for relative in ROOFLINE_REPEAT_SETS:
+        ok, values = set_rooflines(relative)
+        threads = {r.env.get("torch_threads") for r in read_records(RESULTS / relative) if r.status == "ok"}
+        if len(threads) != 1:
+            raise NotMeasured(f"one torch thread count in {relative}")
+        if values:  # a set against an unsteady calibration has none
+            by_threads.setdefault(int(threads.pop()), []).append((relative, values))
+    said = []
+    for threads, sets in sorted(by_threads.items(), reverse=True):
+        agreed = [values for _, values in sets if stray_from_median(values) <= ROOFLINE_AGREEMENT]
+        read = [value for values in agreed for value in values]
+        at = (f", at {min(read):.1f}–{max(read):.1f} %{', none above 100 %' if max(read) <= 100 else ''}"
+              if read else "")
+        said.append(f"at {threads} torch thread(s), five trials of one kernel agreed within "
+                    f"±{100 * ROOFLINE_AGREEMENT:.0f} % in {len(agreed)} of the {len(sets)} sets whose calibration "
+                    f"was steady{at}")
+    return "; ".join(said)
 
 
 def step_stray(records: list[Record], time_quantile: float) -> float:
@@ -899,6 +931,7 @@ VALUES: dict[str, Callable[[], str]] = {
     "predictor.coverage": lambda: predictor_coverage("summary"),
     "predictor.coverage-first": first_fresh_coverage,
     "roofline.agreement": roofline_agreement,
+    "roofline.repeat": roofline_repeat,
     "roofline.agreement-triad": lambda: roofline_agreement("triad/roofline.jsonl"),
     "roofline.confirm": roofline_confirm,
     "roofline.read": rooflines_read,
