@@ -148,3 +148,11 @@ def test_cpu_slots_share_the_cores_this_process_may_use_not_the_machines(tmp_pat
     executor = _Envs()
     runner.run_sweep(specs, tmp_path / "r.jsonl", jobs=2, executor=executor, progress=None)
     assert [env["OPTBENCH_TORCH_THREADS"] for env in executor.envs] == ["1", "1"]
+
+
+def test_one_rule_names_cuda_for_specs_records_and_the_device_kind():
+    from optbench.job.devices import device_kind, names_cuda
+
+    assert [names_cuda(name) for name in ("cuda", "cuda:1", "auto", "cpu", "mps")] == [True, True, False, False, False]
+    assert [device_kind(name, gpus=2) for name in ("cuda:0", "auto", "cpu")] == ["cuda", "cuda", "cpu"]
+    assert device_kind("auto", gpus=0) == "cpu" and device_kind("cuda", gpus=0) == "cuda"

@@ -34,12 +34,18 @@ def cuda_device_count() -> int:
     return torch.cuda.device_count()
 
 
+def names_cuda(name: str) -> bool:
+    """Whether a device name asks for CUDA itself (`cuda`, `cuda:N`), as a record's resolved device does on a GPU;
+    `auto` does not (device_kind decides it against the GPUs visible)."""
+    return name.startswith("cuda")
+
+
 def device_kind(name: str, gpus: int | None = None) -> str:
     """`cuda` or `cpu`: `cuda` and `cuda:N` are CUDA, `auto` is CUDA where a GPU is visible (`gpus`, counted when
     not given), anything else runs on the CPU side of every figure (RSS peaks, the CPU calibration)."""
     if name == "auto":
         return "cuda" if (cuda_device_count() if gpus is None else gpus) > 0 else "cpu"
-    return "cuda" if name.startswith("cuda") else "cpu"
+    return "cuda" if names_cuda(name) else "cpu"
 
 
 def resolve_device(name: str) -> torch.device:

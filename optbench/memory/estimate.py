@@ -71,6 +71,8 @@ def parse_count(text: str) -> int:
 def parse_bytes(text: str) -> int:
     """A memory size with an explicit unit: 80GiB, 80GB (10^9), 512MiB, 24 GiB. A bare number is refused
     because GB and GiB differ by 7 %, which decides "fits" near the limit. A fraction of a byte is dropped."""
+    if text.strip().startswith("-"):
+        raise EstimateError(f"the memory size must be at least 1 byte, got '{text}'")
     match = re.fullmatch(_NUMBER + r"\s*([kmgt]?i?b)", text.strip().lower())
     if match is None or match.group(3) not in _BYTE_UNITS:
         raise EstimateError(f"expected a memory size with a unit like 80GiB, 80GB or 512MiB, got '{text}'")

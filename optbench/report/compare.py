@@ -39,6 +39,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from optbench.job.devices import names_cuda
 from optbench.records.record import Record
 from optbench.report import cells, metrics, noise, stats
 from optbench.report.environments import busy_machine, environment_differences, lr_differences, run_commits
@@ -216,7 +217,7 @@ def thresholds_for(kind: str) -> Thresholds:
 
 def calibrated_thresholds(base: Sequence[Record], new: Sequence[Record]) -> Thresholds:
     """The device's calibrated thresholds: CUDA's when either run ran on a GPU, else the CPU's."""
-    on_cuda = any(str(r.device).startswith("cuda") for r in (*base, *new))
+    on_cuda = any(names_cuda(str(r.device)) for r in (*base, *new))  # a record's device is resolved
     return thresholds_for("cuda" if on_cuda else "cpu")
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from optbench.job.devices import names_cuda
 from optbench.job.spec import TrialSpec
 from optbench.records.record import Record, read_records
 from optbench.sweep import slurm_queue
@@ -64,7 +65,7 @@ def gpus_for(spec: TrialSpec, asked: int | None, partition_gpus: int | None) -> 
         return asked
     if spec.device == "cpu":
         return 0
-    if spec.device.startswith("cuda") or partition_gpus:
+    if names_cuda(spec.device) or partition_gpus:
         return max(1, spec.nproc)
     return 0
 
@@ -83,7 +84,8 @@ def _same_job(spec: TrialSpec, record: Record, gpus: int) -> bool:
             and record.engine == spec.engine and record.parallel == spec.parallel
             and record.world_size == spec.nproc and spec.threads in (None, record.env.get("torch_threads"))
             and record.fidelity == spec.fidelity and record.resume_check == spec.resume_check
-            and (record.stage is None) == (spec.stage is None) and record.device.startswith("cuda") == bool(gpus))
+            and (record.stage is None) == (spec.stage is None)
+            and names_cuda(record.device) == bool(gpus))
 
 
 def time_limit_min(specs: Sequence[TrialSpec], history: Sequence[Record], gpus: int) -> int:

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 
 import torch
 
-from optbench.job.devices import GPU_PINNED_ENV, resolve_device
+from optbench.job.devices import GPU_PINNED_ENV, names_cuda, resolve_device
 from optbench.job.spec import TrialSpec
 from optbench.optimizers import resolve
 from optbench.optimizers.base import dtype_name
@@ -64,7 +64,7 @@ def setup(spec: TrialSpec, record: Record) -> Setup:
     if device.type == "cuda":
         # "cuda" then means this GPU everywhere: CUDA events, streams and libraries follow the current device
         torch.cuda.set_device(device)
-    pinned = bool(os.environ.get(GPU_PINNED_ENV)) and spec.device.startswith("cuda")
+    pinned = bool(os.environ.get(GPU_PINNED_ENV)) and names_cuda(spec.device)
     record.device = spec.device if pinned else str(device)  # the user's cuda:N, not the pinned process's cuda:0
     record.device_name, record.env = device_name(device), environment(device)
     precision = parse_precision(spec.precision)
