@@ -287,6 +287,19 @@ def test_a_roofline_above_one_is_a_calibration_failure_not_a_percentage(records,
     assert "130" not in markdown and "160" not in markdown
 
 
+def test_a_paired_share_above_one_is_a_probe_failure_not_a_percentage(records, tmp_path):
+    for record, fraction in zip(records[:3], [0.9, 1.2, 1.4], strict=True):
+        record.paired_roofline_fraction = fraction
+    markdown, _ = write_report(records, tmp_path, figures=False)
+    table = markdown.split("\n\n")[1]
+    header = [c.strip() for c in table.splitlines()[0].split("|")]
+    cells = {row.split("|")[1].strip(): [c.strip() for c in row.split("|")] for row in table.splitlines()[2:]}
+    column = header.index("paired roofline %")
+    assert cells["adamw"][column] == "90.0 (probe fail 1/2)"
+    assert cells["adamw8bit"][column] == "probe fail"
+    assert "120.0" not in markdown and "140.0" not in markdown
+
+
 def test_a_report_of_one_file_goes_to_its_own_folder_not_the_working_directory(tmp_path, monkeypatch):
     """`report sweeps/a.jsonl` writes where `run --out sweeps/a.jsonl` wrote (sweeps/a/), not into ./results/, where
     it would overwrite another sweep's report; several files (or none) still go to results/, and --out-dir wins."""

@@ -200,8 +200,10 @@ METRICS: tuple[Metric, ...] = (
     # optimizer step's memory traffic / its time, as a share of the machine's calibrated bandwidth (only then)
     Metric("roofline_pct", "roofline %", "%", 1, HIGHER, _roofline_pct, invalid_above=100.0,
            invalid_text="calib. fail"),
-    # --paired-probe: each step against the stream kernel's pass right after it (probes/paired.py), the trial's median
-    Metric("paired_roofline_pct", "paired roofline %", "%", 1, HIGHER, _scaled("paired_roofline_fraction", 100)),
+    # --paired-probe: each step against the stream kernel's pass right after it (probes/paired.py), the trial's median;
+    # above 100 % the passes ran slower than the steps they were paired with: a measurement failure, as above
+    Metric("paired_roofline_pct", "paired roofline %", "%", 1, HIGHER, _scaled("paired_roofline_fraction", 100),
+           invalid_above=100.0, invalid_text="probe fail"),
     Metric("bandwidth_gb_s", "bandwidth GB/s", "GB/s", 1, None,
            _scaled("device_bandwidth_calibrated_bytes_per_s", 1e-9)),  # the calibrated ceiling
     # the working set that ceiling was calibrated at: the largest no larger than the step's weights + grads + state
