@@ -9,7 +9,7 @@ import pytest
 
 from optbench.__main__ import main
 from optbench.memory import estimate as est
-from optbench.memory.recommend import quality_of, recommend, render
+from optbench.memory.recommend import finals_of, quality_of, recommend, render
 from optbench.records.record import Record, read_records
 
 MIB = 2**20
@@ -135,7 +135,7 @@ def test_recommend_on_a_study_reads_only_each_seeds_final_record(capsys):
     records = read_records(STUDY_RESULTS)
     finals = _adafactor_finals(records)
     assert len([r for r in records if r.optimizer == "adafactor" and r.seed == 0]) > 1  # the walk tried other lrs
-    assert quality_of(records).by_seed["adafactor"] == {seed: r.eval_accuracy for seed, r in finals.items()}
+    assert quality_of(finals_of(records)).by_seed["adafactor"] == {seed: r.eval_accuracy for seed, r in finals.items()}
     assert main(["recommend", "--params", "22714371", "--gpu-memory", "24GiB", "--results", str(STUDY_RESULTS)]) == 0
     out = capsys.readouterr().out
     line = next(line for line in out.splitlines() if line.startswith("adafactor "))
@@ -152,7 +152,7 @@ def test_only_the_finals_of_a_study_count_and_a_second_job_is_named_not_mixed():
 
     records = [study("t1", "tune", 1e-2, 0, 0.30), study("t2", "tune", 1e-3, 0, 0.90),
                study("f1", "final", 1e-3, 1, 0.80), study("other", None, 1e-3, 0, 0.10, batch_size=64)]
-    assert quality_of(records).by_seed == {"adamw": {0: 0.90, 1: 0.80}}
+    assert quality_of(finals_of(records)).by_seed == {"adamw": {0: 0.90, 1: 0.80}}
     rows = recommend(SIZE, 10 * 2**30, records)
     assert next(r for r in rows if r.estimate.optimizer == "adamw").quality == pytest.approx(0.85)
     header = render(rows, SIZE, 10 * 2**30, "fp32", "r.jsonl").splitlines()[1]

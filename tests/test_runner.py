@@ -18,7 +18,7 @@ from optbench.job import devices
 from optbench.job.spec import TrialSpec, build_grid
 from optbench.records.record import Record, read_records
 from optbench.sweep import LocalExecutor, run_sweep, runner
-from optbench.sweep.runner import run_in_subprocess, slot_count
+from optbench.sweep.runner import slot_count
 
 
 def test_resume_skips_trials_already_ok(tmp_path):
@@ -46,6 +46,11 @@ def test_a_failing_trial_does_not_stop_the_sweep(tmp_path):
     records = run_sweep(specs, out, run_id="r1")
     assert [r.status for r in records] == ["error", "ok"]
     assert all(r.run_id == "r1" for r in read_records(out))
+
+
+def run_in_subprocess(spec: TrialSpec) -> Record:
+    """One trial in a fresh interpreter (no forkserver): a timeout or crash becomes a record with that status."""
+    return LocalExecutor(startup="spawn").run(spec, {})
 
 
 def test_timeout_kills_the_trial_and_records_it():

@@ -130,14 +130,11 @@ def _verdicts(summary, job_id: str) -> dict[str, str]:
     return verdicts
 
 
-def quality_of(records: Sequence[Record]) -> Quality:
-    """The target metric of one job's final trials (`finals_of`); the first ok one with a value names it."""
-    return _quality(finals_of(records).records)
-
-
-def _quality(records: Sequence[Record]) -> Quality:
-    """The target metric per optimizer and seed; an optimizer whose every seed ended at chance (the report's
-    `untrained`) gets no figure, so it is neither ranked nor compared, as in the report's tables."""
+def quality_of(finals: Finals) -> Quality:
+    """The target metric per optimizer and seed of one job's final trials (`finals_of`; the first ok one with a
+    value names it); an optimizer whose every seed ended at chance (the report's `untrained`) gets no figure, so it
+    is neither ranked nor compared, as in the report's tables."""
+    records = finals.records
     scored = next((r for r in records if r.status == "ok" and eval_target(r) is not None), None)
     if scored is None:
         return Quality()
@@ -161,7 +158,7 @@ def recommend(size: est.ModelSize, budget_bytes: int, records: Sequence = (), pr
     measured_state = est.measured_bytes_per_param(memory) if memory else None
     activations = {name: statistics.fmean(seeds.values())
                    for name, seeds in _per_seed(memory, lambda r: r.other_peak_bytes).items()}
-    quality = _quality(finals.records)
+    quality = quality_of(finals)
     # An optimizer the results lack gets the largest overhead they measured: a fit should not be a guess.
     fallback_activation = max(activations.values()) if activations else None
     rows = []

@@ -200,11 +200,6 @@ def run_child(spec_path: str, record_path: str, log_path: str, launched_at: floa
     _write_record(record, Path(record_path))
 
 
-def in_group() -> bool:
-    """True inside a torchrun rank (torchrun sets LOCAL_RANK and WORLD_SIZE for each worker)."""
-    return "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ
-
-
 def rank_main(spec_path: str, record_path: str) -> int:
     """A torchrun worker: watch the sweep and torchrun, pin this rank's GPU (before the memory cap, which needs
     it), join the group, run the trial, gather every rank's figures; rank 0 writes the record."""

@@ -43,11 +43,6 @@ def new_run_id() -> str:
     return time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
 
 
-def run_in_subprocess(spec: TrialSpec) -> Record:
-    """Run one trial in a fresh interpreter (no forkserver); a timeout or crash becomes a record with that status."""
-    return LocalExecutor(startup="spawn").run(spec, {})
-
-
 def slot_count(specs: list[TrialSpec], jobs: int, visible: list[str]) -> int:
     """Trials at once: `jobs`, but on CUDA never more than the `visible` GPUs hold (a torchrun group takes N)."""
     if not any(device_kind(s.device, len(visible)) == "cuda" for s in specs):
