@@ -43,6 +43,12 @@ def test_no_gpu_or_cpu_trials_share_the_threads_instead():
     assert trial_environment("auto", 1, 2, [], 3, 8) == {"OPTBENCH_TORCH_THREADS": "2", "OMP_NUM_THREADS": "2"}
     assert trial_environment("cpu", 1, 0, ["0", "1"], 2, 2)["OPTBENCH_TORCH_THREADS"] == "1"
 
+
+def test_a_torchrun_groups_ranks_share_their_slots_cores():
+    assert trial_environment("cpu", 2, 0, [], 1, 8)["OPTBENCH_TORCH_THREADS"] == "4"  # one group: 4 per rank
+    assert trial_environment("cpu", 2, 1, [], 2, 8)["OMP_NUM_THREADS"] == "2"  # two groups of two: 2 per rank
+    assert trial_environment("cpu", 2, 0, [], 1, 2)["OPTBENCH_TORCH_THREADS"] == "1"  # this host: as torchrun's 1
+
 def test_a_cpu_trial_sees_no_gpu():
     """bitsandbytes asks every GPU's capability when imported: a CPU trial would make a CUDA context."""
     assert trial_environment("cpu", 1, 0, ["0"], 1, 2) == {"CUDA_VISIBLE_DEVICES": ""}

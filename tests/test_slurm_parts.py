@@ -16,7 +16,7 @@ from optbench.__main__ import main
 from optbench.job.spec import TrialSpec, build_grid
 from optbench.records.record import Record, append_record, read_records
 from optbench.sweep import SweepInterrupted, run_sweep
-from optbench.sweep.slurm import NODE_SLACK_S, gpus_for, time_limit_min
+from optbench.sweep.slurm import NODE_SLACK_S, cpus_per_task, gpus_for, time_limit_min
 from optbench.sweep.slurm_node import node_environment, slurm_job_id
 from optbench.sweep.slurm_queue import (
     TaskState,
@@ -110,11 +110,21 @@ def test_a_record_of_other_warmup_schedule_ranks_or_threads_does_not_predict_the
     assert time_limit_min([spec], [other], 0) == 12  # another job: the trial's timeout
 
 
+def test_a_task_asks_for_a_cpu_per_thread_of_every_rank():
+    one, threads = TrialSpec(optimizer="adamw", **TINY), TrialSpec(optimizer="adamw", **TINY, threads=4)
+    group = TrialSpec(optimizer="adamw", **TINY, parallel="ddp", nproc=2, threads=3)
+    assert cpus_per_task([one]) == 1 and cpus_per_task([one, threads]) == 4  # --threads 4 once got 1 CPU
+    assert cpus_per_task([group]) == 6 and cpus_per_task([TrialSpec(optimizer="adamw", **TINY, nproc=2)]) == 2
+
+
 def test_the_node_gives_the_trial_its_cpus_and_no_gpu_it_did_not_ask_for():
     cpu = node_environment(0, {"SLURM_CPUS_ON_NODE": "4", "CUDA_VISIBLE_DEVICES": "0,1"})
     assert cpu == {"OPTBENCH_TORCH_THREADS": "4", "OMP_NUM_THREADS": "4", "CUDA_VISIBLE_DEVICES": ""}
     gpu = node_environment(1, {"SLURM_CPUS_ON_NODE": "8", "CUDA_VISIBLE_DEVICES": "3"})
     assert gpu["OPTBENCH_GPU_PINNED"] == "1" and "CUDA_VISIBLE_DEVICES" not in gpu  # Slurm's own mask stands
+    group = node_environment(0, {"SLURM_CPUS_ON_NODE": "4"}, nproc=2)  # a torchrun group shares the task's CPUs
+    assert group["OPTBENCH_TORCH_THREADS"] == group["OMP_NUM_THREADS"] == "2"
+    assert node_environment(0, {"SLURM_CPUS_ON_NODE": "1"}, nproc=2)["OPTBENCH_TORCH_THREADS"] == "1"
     assert slurm_job_id({"SLURM_ARRAY_JOB_ID": "12", "SLURM_ARRAY_TASK_ID": "3", "SLURM_JOB_ID": "15"}) == "12_3"
     assert slurm_job_id({"SLURM_JOB_ID": "15"}) == "15"
 

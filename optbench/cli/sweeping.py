@@ -112,9 +112,11 @@ def executor(args: argparse.Namespace, specs: list, out: Path, jobs: int):
         print(f"optbench: warning: {jobs} trials at once share this CPU's cores and memory bandwidth; their "
               "step times interfere (use --jobs 1 for timings you quote)", file=sys.stderr)
     cores = usable_cpu_cores()
-    if on_cpu and args.threads and args.threads * jobs > cores:
-        print(f"optbench: warning: --threads {args.threads} x {jobs} trial(s) at once is more than the {cores} cores "
-              "this process may use: the step times measured are threads contending for them", file=sys.stderr)
+    ranks = max(spec.nproc for spec in specs)
+    if on_cpu and args.threads and args.threads * jobs * ranks > cores:
+        print(f"optbench: warning: --threads {args.threads} x {jobs} trial(s) at once x {ranks} rank(s) is more than "
+              f"the {cores} cores this process may use: the step times measured are threads contending for them",
+              file=sys.stderr)
     uses_bitsandbytes = any(optimizers.resolve(s.optimizer).library.startswith("bitsandbytes") for s in specs)
     return LocalExecutor(uses_bitsandbytes=uses_bitsandbytes)
 

@@ -41,19 +41,21 @@ def trial_environment(device: str, nproc: int, slot: int, visible: list[str], jo
     """The environment one trial process adds to its own: its GPU mask, or its CPU thread share.
 
     `device` is the spec's (`cpu`, `auto`, `cuda`, `cuda:N`); `slot` is which of the `jobs` concurrent slots runs
-    it. `cuda:N` pins the Nth visible GPU whatever the slot (the planner refuses an index with torchrun groups;
-    `GpuLocks` keeps two slots off one GPU); an N past the visible GPUs is a DeviceError. A `cpu` trial sees no
-    GPU: a library that probes CUDA on import (bitsandbytes asks every GPU's capability) would otherwise make
-    the CPU trial a CUDA context on a GPU another trial is timing on.
+    it. On the CPU the `cpu_count` cores are shared among the slots and, within one, among a torchrun group's
+    `nproc` ranks (one process alone keeps torch's own default). `cuda:N` pins the Nth visible GPU whatever the
+    slot (the planner refuses an index with torchrun groups; `GpuLocks` keeps two slots off one GPU); an N past
+    the visible GPUs is a DeviceError. A `cpu` trial sees no GPU: a library that probes CUDA on import
+    (bitsandbytes asks every GPU's capability) would otherwise make the CPU trial a CUDA context on a GPU another
+    trial is timing on.
     """
     if device_kind(device, len(visible)) == "cuda":
         share = visible[slot * nproc: (slot + 1) * nproc] or visible[:nproc]
         chosen = [pinned_gpu(device, visible)] if ":" in device else share
         return {"CUDA_VISIBLE_DEVICES": ",".join(chosen), GPU_PINNED_ENV: "1"}
     hidden = {"CUDA_VISIBLE_DEVICES": ""} if device == "cpu" else {}
-    if jobs == 1:
+    if jobs == 1 and nproc == 1:
         return hidden
-    threads = str(max(1, cpu_count // jobs))
+    threads = str(max(1, cpu_count // (jobs * nproc)))  # a torchrun group's ranks share their slot's cores
     return {**hidden, "OPTBENCH_TORCH_THREADS": threads, "OMP_NUM_THREADS": threads}
 
 

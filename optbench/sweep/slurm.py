@@ -88,6 +88,13 @@ def _same_job(spec: TrialSpec, record: Record, gpus: int) -> bool:
             and names_cuda(record.device) == bool(gpus))
 
 
+def cpus_per_task(specs: Sequence[TrialSpec]) -> int:
+    """CPUs one task of the array asks for: each rank of its torchrun group its --threads (one where unset), so
+    that a trial's threads never contend for fewer CPUs than it runs; the node then shares them out
+    (slurm_node.node_environment)."""
+    return max(spec.nproc * (spec.threads or 1) for spec in specs)
+
+
 def time_limit_min(specs: Sequence[TrialSpec], history: Sequence[Record], gpus: int) -> int:
     """The array's time limit in minutes: the longest of its trials' predicted times plus NODE_SLACK_S.
 
@@ -173,9 +180,9 @@ class SlurmExecutor:
             "job_name": "optbench", "time": options.time_min or time_limit_min(specs, history, gpus),
             "array_parallelism": options.max_running or len(specs), "stderr_to_stdout": True,
             "additional_parameters": dict(options.sbatch_options)}
-        nproc = max(spec.nproc for spec in specs)
-        if nproc > 1 and "cpus-per-task" not in options.sbatch_options:
-            parameters["cpus_per_task"] = nproc  # a torchrun group: a CPU per rank at least
+        cpus = cpus_per_task(specs)
+        if cpus > 1 and "cpus-per-task" not in options.sbatch_options:
+            parameters["cpus_per_task"] = cpus
         for key, value in (("partition", options.partition), ("account", options.account)):
             if value:
                 parameters[key] = value

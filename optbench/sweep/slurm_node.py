@@ -41,12 +41,13 @@ class NodeTask:
     gpus: int  # GPUs the task asked for: none means the trial must not touch a GPU of this node
 
 
-def node_environment(gpus: int, environ: Mapping[str, str]) -> dict[str, str]:
-    """What the trial child adds to this job's environment: torch threads for the CPUs Slurm gave the job, and
-    either its GPUs pinned (Slurm's CUDA_VISIBLE_DEVICES holds exactly them) or no GPU at all (a CPU task on a GPU
-    node, or one that inherited the submit host's mask)."""
-    cpus = environ.get("SLURM_CPUS_ON_NODE") or environ.get("SLURM_CPUS_PER_TASK") or "1"
-    env = {THREADS_ENV: cpus, "OMP_NUM_THREADS": cpus}
+def node_environment(gpus: int, environ: Mapping[str, str], nproc: int = 1) -> dict[str, str]:
+    """What the trial child adds to this job's environment: torch threads for the CPUs Slurm gave the job, shared
+    among a torchrun group's `nproc` ranks, and either its GPUs pinned (Slurm's CUDA_VISIBLE_DEVICES holds exactly
+    them) or no GPU at all (a CPU task on a GPU node, or one that inherited the submit host's mask)."""
+    cpus = int(environ.get("SLURM_CPUS_ON_NODE") or environ.get("SLURM_CPUS_PER_TASK") or 1)
+    threads = str(max(1, cpus // nproc))
+    env = {THREADS_ENV: threads, "OMP_NUM_THREADS": threads}
     if gpus:
         env[GPU_PINNED_ENV] = "1"
     else:
@@ -75,7 +76,7 @@ def run_on_node(task: NodeTask) -> dict:
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     spec = TrialSpec.from_dict(task.spec)
     executor = LocalExecutor(startup="spawn", echo=False, log_dir=Path(task.log_dir))
-    record = executor.run(spec, node_environment(task.gpus, os.environ))
+    record = executor.run(spec, node_environment(task.gpus, os.environ, spec.nproc))
     if record.status != "ok":
         time.sleep(TERM_GRACE_S)
     record.run_id = task.run_id
