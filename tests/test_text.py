@@ -22,3 +22,17 @@ def test_clip_keeps_the_width_and_marks_the_cut(text, width, left, shown):
                                                 (-3 * 2**30, "-3.00 GiB")])
 def test_size_text_keeps_one_to_three_digits_before_the_point(n_bytes, shown):
     assert size_text(n_bytes) == shown
+
+
+def test_a_field_of_the_wrong_kind_is_shown_clipped_by_the_same_rule():
+    from dataclasses import dataclass
+
+    from optbench.records.fields import field_problem
+
+    @dataclass
+    class Row:
+        steps: int | None = None
+
+    said = field_problem(Row, {"steps": "x" * 100})
+    shown = said.removeprefix("field steps is ").split(", not")[0]
+    assert len(shown) == 40 and shown.endswith("…") and shown.startswith("'xxx")

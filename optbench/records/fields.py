@@ -14,6 +14,8 @@ import types
 import typing
 from typing import Any
 
+from optbench.records.text import clip
+
 
 class RecordFieldError(ValueError):
     """A record whose field holds a value of another type than the schema's."""
@@ -61,6 +63,5 @@ def field_problem(cls: type, data: dict[str, Any]) -> str | None:
     hints = _hints(cls)
     for name, value in data.items():
         if name in hints and not _fits(value, hints[name]):
-            shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
-            return f"field {name} is {shown}, not {_kind(hints[name])}"
+            return f"field {name} is {clip(repr(value), 40)}, not {_kind(hints[name])}"
     return None
