@@ -157,7 +157,8 @@ def test_cpu_slots_share_the_cores_this_process_may_use_not_the_machines(tmp_pat
 
 
 def test_one_rule_names_cuda_for_specs_records_and_the_device_kind():
-    from optbench.job.devices import device_kind, names_cuda
+    from optbench.job.devices import device_kind
+    from optbench.records.environment import names_cuda
 
     assert [names_cuda(name) for name in ("cuda", "cuda:1", "auto", "cpu", "mps")] == [True, True, False, False, False]
     assert [device_kind(name, gpus=2) for name in ("cuda:0", "auto", "cpu")] == ["cuda", "cuda", "cpu"]

@@ -165,7 +165,8 @@ def check_inputs(spec, local: bool = True, eval_size_given: bool = False) -> Non
     device too, but a CUDA device only where trials run here (a cluster's GPUs are its nodes', not the submit
     host's). A --eval-size past the held-out rows is said, not refused (every row is evaluated and the record's
     eval_rows says how many): a preset's size must serve a small dataset too, so only a size the user gave is."""
-    from optbench.job.devices import names_cuda, resolve_device
+    from optbench.job.devices import resolve_device
+    from optbench.records.environment import names_cuda
     from optbench.trial.precision import parse_precision
     from optbench.workloads import WorkloadError, get_workload
 

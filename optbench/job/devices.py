@@ -15,6 +15,8 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
+from optbench.records.environment import names_cuda
+
 if TYPE_CHECKING:
     import torch
 
@@ -32,12 +34,6 @@ def cuda_device_count() -> int:
     import torch
 
     return torch.cuda.device_count()
-
-
-def names_cuda(name: str) -> bool:
-    """Whether a device name asks for CUDA itself (`cuda`, `cuda:N`), as a record's resolved device does on a GPU;
-    `auto` does not (device_kind decides it against the GPUs visible)."""
-    return name.startswith("cuda")
 
 
 def device_kind(name: str, gpus: int | None = None) -> str:

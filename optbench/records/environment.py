@@ -107,6 +107,12 @@ def load_average_1m() -> float | None:
         return None
 
 
+def names_cuda(name: str) -> bool:
+    """Whether a device name asks for CUDA itself (`cuda`, `cuda:N`), as a record's resolved device does on a GPU;
+    `auto` does not (job.devices.device_kind decides it against the GPUs visible)."""
+    return name.startswith("cuda")
+
+
 def gpu_name(device: Any = None) -> str | None:
     """The name of the GPU a trial uses (`device`, a torch.device or index), else of the current one; None
     without CUDA. Asked through torch only when CUDA is already usable here."""

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from optbench.job.devices import names_cuda
+from optbench.records.environment import names_cuda
 from optbench.records.record import Record
 from optbench.report import cells, metrics, noise, stats
 from optbench.report.environments import busy_machine, environment_differences, lr_differences, run_commits
@@ -216,9 +216,8 @@ def thresholds_for(kind: str) -> Thresholds:
 
 
 def calibrated_thresholds(base: Sequence[Record], new: Sequence[Record]) -> Thresholds:
-    """The device's calibrated thresholds: CUDA's when either run ran on a GPU, else the CPU's."""
-    on_cuda = any(names_cuda(str(r.device)) for r in (*base, *new))  # a record's device is resolved
-    return thresholds_for("cuda" if on_cuda else "cpu")
+    """The device's calibrated thresholds: CUDA's when either run ran on a GPU (its resolved device), else the CPU's."""
+    return thresholds_for("cuda" if any(names_cuda(str(r.device)) for r in (*base, *new)) else "cpu")
 
 
 def _row_kind(base: pd.Series | None, new: pd.Series | None) -> Row:

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from optbench.job.devices import names_cuda
 from optbench.job.spec import TrialSpec
+from optbench.records.environment import names_cuda
 from optbench.records.record import Record, read_records
 from optbench.sweep import slurm_queue
 from optbench.sweep.executors import cause_in_log, failed_record, trial_log_name

@@ -27,12 +27,12 @@ from collections.abc import Iterator
 
 import torch
 
-from optbench.job.devices import GPU_PINNED_ENV, names_cuda, resolve_device
+from optbench.job.devices import GPU_PINNED_ENV, resolve_device
 from optbench.job.spec import TrialSpec
 from optbench.optimizers import resolve
 from optbench.optimizers.base import dtype_name
 from optbench.probes import bandwidth, measure, stream
-from optbench.records.environment import cpu_name, environment, machine_key
+from optbench.records.environment import cpu_name, environment, machine_key, names_cuda
 from optbench.records.oom import out_of_memory_cause, under_cap
 from optbench.records.record import Record
 from optbench.trial.describe import (
