@@ -47,6 +47,7 @@ __all__ = ["FAILURES", "GIB", "JOB_KEY_FIELDS", "MACHINE_KEYS", "MIB", "REFERENC
 @dataclass
 class Record:
     schema_version: int = SCHEMA_VERSION
+    upgraded_from_schema: int | None = None  # the schema a line was written in, when records/rewrite.py rewrote it
     run_id: str = ""
     trial_id: str = ""
     status: str = "error"

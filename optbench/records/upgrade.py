@@ -13,7 +13,8 @@ triad `a += s*b` (calibrated, or its own per-trial probe), which the fused AdamW
 `roofline_fraction` at or below 1: a ratio above 1 is a step that outran its calibrated ceiling (the ceiling was
 mis-measured for that trial), and reads back as `ceiling_outrun_fraction`, with no roofline.
 
-Adding a step: bump record.SCHEMA_VERSION, and translate here what the older fields meant.
+Adding a step: bump record.SCHEMA_VERSION, translate here what the older fields meant, and rewrite the committed
+results in the new schema (`python scripts/upgrade_records.py`; tests/test_rewrite.py fails until it ran).
 """
 
 from __future__ import annotations
