@@ -943,6 +943,7 @@ VALUES: dict[str, Callable[[], str]] = {
     "roofline.one-thread": roofline_threads,
     "roofline.one-thread-2": lambda: roofline_threads("roofline-one-thread-2"),
     "roofline.two-thread-control": lambda: roofline_threads("roofline-two-thread-control"),
+    "roofline.one-thread-typed": lambda: roofline_threads("roofline-one-thread-typed"),
     "roofline.kernel-width": kernel_width,
     "roofline.step-drift": step_drift,
     "roofline.fastest-steps": roofline_fastest_steps,
