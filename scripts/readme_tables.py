@@ -653,13 +653,33 @@ def roofline_threads(name: str = "roofline-one-thread") -> str:
     nothing; the thread count is the records' own."""
     folder = RESULTS / name
     if not (folder / "roofline.jsonl").is_file():
-        return "not measured yet"
+        refused = refused_attempts(folder)
+        return f"not run: {'; '.join(refused)}" if refused else "not measured yet"
     threads = sorted({r.env.get("torch_threads") for r in read_records(folder / "roofline.jsonl")}, key=str)
     pre, post = folder / "pre-check.json", folder / "post-check.json"
     before = f"before the set {steadiness_check(pre)}; " if pre.is_file() else ""
     after = f"; after the set {steadiness_check(post)}" if post.is_file() else "; the check after the set did not run"
     return (f"trials at {', '.join(map(str, threads))} torch thread(s): {before}"
             f"{roofline_paired(name)}{after}")
+
+
+def refused_attempts(folder: Path) -> list[str]:
+    """A set's attempts that stopped at their first calibration, which refused to write (the host changed speed
+    while it was measured): each one's steadiness check and its largest level, from refused-N-pre-check.json and
+    refused-N-before.txt (what calibrate-bandwidth printed); the level the step's 364 MB divides by here."""
+    said = []
+    for printed in sorted(folder.glob("refused-*-before.txt"), key=lambda p: int(p.name.split("-")[1])):
+        number = printed.name.split("-")[1]
+        levels = re.findall(r"^\s*([\d,]+) MiB: ceiling", printed.read_text(encoding="utf-8"), flags=re.MULTILINE)
+        mib = max(int(level.replace(",", "")) for level in levels)
+        ceiling, slowest_pct = _printed_level(printed, mib * 2**20)
+        check = folder / f"refused-{number}-pre-check.json"
+        threads = json.loads(check.read_text())["env"].get("torch_threads") if check.is_file() else None
+        before = f"before it, at {threads} torch thread(s), {steadiness_check(check)}; " if check.is_file() else ""
+        said.append(f"attempt {number}: {before}the calibration refused to write, its {mib} MiB level's slowest "
+                    f"passes at {slowest_pct} % of its fastest (ceiling {ceiling / 1e9:.1f} GB/s; {printed.name} is "
+                    "what it printed)")
+    return said
 
 
 def _printed_level(path: Path, working_set_bytes: int) -> tuple[float, str]:
