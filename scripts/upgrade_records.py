@@ -4,7 +4,7 @@
     python scripts/upgrade_records.py FILE.jsonl ...  # these files
     python scripts/upgrade_records.py --check         # exit 1 naming every file that still holds an older line
 
-Run it on files no sweep is writing. tests/test_results.py checks the committed files, so a schema bump without
+Run it on files no sweep is writing. tests/test_rewrite.py checks the committed files, so a schema bump without
 this rewrite fails CI.
 """
 
@@ -16,12 +16,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from optbench.records.rewrite import rewrite_file, upgraded_line  # noqa: E402
+from optbench.records.rewrite import rewrite_file, rewritten_text  # noqa: E402
 
 
 def older_lines(path: Path) -> int:
     """How many of `path`'s lines the rewrite would change."""
-    return sum(upgraded_line(line) != line for line in path.read_text(encoding="utf-8").splitlines())
+    return rewritten_text(path.read_text(encoding="utf-8"))[1]
 
 
 def main(argv: list[str]) -> int:

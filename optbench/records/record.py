@@ -41,7 +41,7 @@ JOB_KEY_FIELDS = ("workload", "workload_options", "model", "pretrained", "datase
 
 __all__ = ["FAILURES", "GIB", "JOB_KEY_FIELDS", "MACHINE_KEYS", "MIB", "REFERENCE_OPTIMIZER", "SCHEMA_VERSION",
            "STATUSES", "Record", "ResultsFileError", "append_record", "completed_trial_ids",
-           "job_key", "read_records"]
+           "is_record_data", "job_key", "read_records"]
 
 
 @dataclass
@@ -338,6 +338,11 @@ class ResultsFileError(ValueError):
         super().__init__(f"{path}:{line}: {reason}" if line is not None else f"{path}: {reason}")
 
 
+def is_record_data(data: Any) -> bool:
+    """Whether a parsed JSON line is an optbench record at all (an object naming its trial and optimizer)."""
+    return isinstance(data, dict) and "trial_id" in data and "optimizer" in data
+
+
 def read_records(path: Path) -> list[Record]:
     """Every record in a JSON Lines file.
 
@@ -363,7 +368,7 @@ def read_records(path: Path) -> list[Record]:
         except json.JSONDecodeError as exc:
             faults[number] = f"not a JSON line ({exc.msg})"
             continue
-        if not isinstance(data, dict) or "trial_id" not in data or "optimizer" not in data:
+        if not is_record_data(data):
             faults[number] = "not an optbench record (no trial_id/optimizer)"
             continue
         try:

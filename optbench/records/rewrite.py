@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 from optbench.records.fields import RecordFieldError
-from optbench.records.record import SCHEMA_VERSION, Record
+from optbench.records.record import SCHEMA_VERSION, Record, is_record_data
 from optbench.records.upgrade import upgrade
 
 
@@ -37,7 +37,7 @@ def upgraded_line(line: str) -> str:
         data = json.loads(line)
     except json.JSONDecodeError:
         return line
-    if not isinstance(data, dict) or "trial_id" not in data or "optimizer" not in data:
+    if not is_record_data(data):
         return line
     version = int(data.get("schema_version") or 1)
     if version >= SCHEMA_VERSION:
@@ -54,24 +54,29 @@ def upgraded_line(line: str) -> str:
     return json.dumps(rewritten)
 
 
-def rewrite_file(path: Path) -> int:
-    """Rewrite `path`'s older lines in the current schema (`upgraded_line`); returns how many it rewrote.
-
-    Nothing is written when no line needs it; a RewriteError leaves the file as it was."""
-    original = path.read_text(encoding="utf-8")
-    lines = original.splitlines(keepends=True)
-    rewritten, count = [], 0
-    for line in lines:
+def rewritten_text(text: str) -> tuple[str, int]:
+    """`text` (a results file's contents) with its older lines in the current schema (`upgraded_line`), and how many
+    lines that changed; every line keeps its own line ending."""
+    lines, count = [], 0
+    for line in text.splitlines(keepends=True):
         body = line.rstrip("\r\n")
         new = upgraded_line(body)
         count += new != body
-        rewritten.append(new + line[len(body):])
+        lines.append(new + line[len(body):])
+    return "".join(lines), count
+
+
+def rewrite_file(path: Path) -> int:
+    """Rewrite `path`'s older lines in the current schema (`rewritten_text`); returns how many it rewrote.
+
+    Nothing is written when no line needs it; a RewriteError leaves the file as it was."""
+    text, count = rewritten_text(path.read_text(encoding="utf-8"))
     if not count:
         return 0
     fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write("".join(rewritten))
+            handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
         os.chmod(temporary, path.stat().st_mode & 0o777)
