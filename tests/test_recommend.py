@@ -11,6 +11,8 @@ from optbench.__main__ import main
 from optbench.memory import estimate as est
 from optbench.memory.recommend import finals_of, quality_of, recommend, render
 from optbench.records.record import Record, read_records
+from optbench.report.cells import untrained_row
+from optbench.report.frame import summarize, trials_frame
 
 MIB = 2**20
 SIZE = est.size_from_count(10_000_000)
@@ -172,6 +174,26 @@ def test_an_optimizer_that_stayed_at_chance_gets_no_quality_figure_and_is_not_ra
     text = render(list(rows.values()), SIZE, 10 * 2**30, "fp32", "r.jsonl")
     line = next(line for line in text.splitlines() if line.startswith("adafactor "))
     assert "accuracy untrained (every seed at chance: no figure)" in line and "0.51" not in line
+
+
+def test_recommend_calls_untrained_exactly_the_rows_the_report_shows_as_untrained():
+    """One rule in one place. adafactor at chance on both seeds: `untrained` in both. adamw8bit at chance on seed 0,
+    its seed 1 unscored: the report shows `untrained` (every score it has is at chance), and recommend, which
+    counted the unscored seed as trained, gave it 0.505 as its quality. lion at chance on one seed only trained on
+    the other: a figure in both."""
+    records = _records([("adamw", 0.93, 100 * MIB, 8.0), ("adafactor", 0.51, 50 * MIB, 0.02),
+                        ("adamw8bit", 0.505, 300 * MIB, 2.04), ("lion", 0.90, 100 * MIB, 4.0)])
+    for record in records:
+        record.metric_chance = 0.5
+        if (record.optimizer, record.seed) == ("adamw8bit", 1):
+            record.eval_accuracy = None
+        if (record.optimizer, record.seed) == ("lion", 0):
+            record.eval_accuracy = 0.505
+    summary = summarize(trials_frame(records))
+    shown = {row["optimizer"] for _, row in summary.iterrows() if untrained_row(row)}
+    quality = quality_of(finals_of(records))
+    assert shown == set(quality.untrained) == {"adafactor", "adamw8bit"}
+    assert quality.mean("adamw8bit") is None and quality.mean("lion") == pytest.approx((0.505 + 0.90) / 2)
 
 
 def test_results_whose_finals_all_failed_are_said_to_measure_nothing():

@@ -25,7 +25,8 @@ from optbench.memory import estimate as est
 from optbench.optimizers import REGISTRY, UnknownOptimizerError, resolve
 from optbench.records.record import REFERENCE_OPTIMIZER, Record
 from optbench.records.text import size_text
-from optbench.report import bounds, pareto, stats
+from optbench.report import pareto, stats
+from optbench.report.cells import untrained_row
 from optbench.report.metrics import eval_target
 
 
@@ -95,13 +96,15 @@ class Finals:
     job: str | None = None
     other_jobs: int = 0
     verdicts: dict[str, str] = dataclasses.field(default_factory=dict)  # the report's, per registry name
+    untrained: frozenset[str] = frozenset()  # the report's `untrained` rows (report/cells.py), per registry name
 
 
 def finals_of(records: Sequence[Record]) -> Finals:
     """The final trials (report/frame.py's `final`: a `run`'s trials, a study's final stage and its tune trials at
     the chosen lr) of the job with the most ok finals (ties: the first in the file), with the report's verdict of
     each against the reference: one rule (saturation, an arm that did not train, what one eval row resolves), not a
-    second paired test here that said nothing where the report said *worse*."""
+    second paired test here that said nothing where the report said *worse*), and the optimizers whose row the report
+    shows as `untrained` (report/cells.py's `untrained_row`: the same rule, not a per-seed copy of it)."""
     from optbench.report.frame import summarize, trials_frame
 
     frame = trials_frame(records)
@@ -111,38 +114,38 @@ def finals_of(records: Sequence[Record]) -> Finals:
     ok = finals["status"] == "ok"
     counts = ok.groupby(finals["job_id"], sort=False).sum()
     chosen = finals[finals["job_id"] == counts.idxmax()]
+    verdicts, untrained = _read_summary(summarize(frame), counts.idxmax())
     return Finals(list(chosen["record"]), str(chosen["job"].iloc[0]), finals["job_id"].nunique() - 1,
-                  _verdicts(summarize(frame), counts.idxmax()))
+                  verdicts, untrained)
 
 
-def _verdicts(summary, job_id: str) -> dict[str, str]:
-    """{registry name: the report's verdict against the reference} of one job's ok rows."""
-    if "verdict_vs_adamw" not in summary:
-        return {}
-    verdicts = {}
-    for row in summary[(summary["job_id"] == job_id) & (summary["status"] == "ok")].itertuples():
+def _read_summary(summary, job_id: str) -> tuple[dict[str, str], frozenset[str]]:
+    """Of one job's ok summary rows, per registry name: the report's verdict against the reference, and which rows
+    the report shows as `untrained`."""
+    verdicts, untrained = {}, set()
+    for _, row in summary[(summary["job_id"] == job_id) & (summary["status"] == "ok")].iterrows():
         try:
-            name = resolve(str(row.optimizer)).name
+            name = resolve(str(row["optimizer"])).name
         except UnknownOptimizerError:
             continue
-        if isinstance(row.verdict_vs_adamw, str):
-            verdicts[name] = row.verdict_vs_adamw
-    return verdicts
+        if isinstance(row.get("verdict_vs_adamw"), str):
+            verdicts[name] = row["verdict_vs_adamw"]
+        if untrained_row(row):
+            untrained.add(name)
+    return verdicts, frozenset(untrained)
 
 
 def quality_of(finals: Finals) -> Quality:
     """The target metric per optimizer and seed of one job's final trials (`finals_of`; the first ok one with a
     value names it); an optimizer whose every seed ended at chance (the report's `untrained`) gets no figure, so it
-    is neither ranked nor compared, as in the report's tables."""
+    is neither ranked nor compared: `finals.untrained`, the rows the report shows as `untrained`."""
     records = finals.records
     scored = next((r for r in records if r.status == "ok" and eval_target(r) is not None), None)
     if scored is None:
         return Quality()
     same = [r for r in records if r.target_metric == scored.target_metric]
-    at_chance = _per_seed(same, lambda r: float(bounds.untrained(eval_target(r), r.metric_chance, scored.target_mode)))
-    untrained = frozenset(name for name, seeds in at_chance.items() if all(v == 1.0 for v in seeds.values()))
-    by_seed = {name: seeds for name, seeds in _per_seed(same, eval_target).items() if name not in untrained}
-    return Quality(scored.target_metric, scored.target_mode, by_seed, untrained)
+    by_seed = {name: seeds for name, seeds in _per_seed(same, eval_target).items() if name not in finals.untrained}
+    return Quality(scored.target_metric, scored.target_mode, by_seed, finals.untrained)
 
 
 def recommend(size: est.ModelSize, budget_bytes: int, records: Sequence = (), precision: str = "fp32",
