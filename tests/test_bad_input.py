@@ -102,6 +102,9 @@ CASES = [
     (["recommend", "--params", "7B"], "the following arguments are required: --gpu-memory"),
     (["recommend", "--params", "7B", "--gpu-memory", "0GiB"], "the memory size must be at least 1 byte"),
     (["recommend", "--params", "7B", "--gpu-memory=-1GiB"], "the memory size must be at least 1 byte, got '-1GiB'"),
+    # With a space too: a value starting with "-" and a digit is a value, not an unknown flag.
+    (["recommend", "--params", "7B", "--gpu-memory", "-1GiB"], "the memory size must be at least 1 byte, got '-1GiB'"),
+    (["fit", "--memory", "-1.5GiB"], "the memory size must be at least 1 byte, got '-1.5GiB'"),
     (["recommend", "--params", "seven", "--gpu-memory", "24GiB"], "expected a positive parameter count"),
     (["recommend", "--params", "7B", "--gpu-memory", "24GiB", "--results", "malformed.jsonl"],
      "malformed.jsonl:1: not a JSON line"),

@@ -7,6 +7,7 @@ Only parsing lives here; what the flags mean is optbench/job/planner.py's (job f
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 from typing import NoReturn
 
@@ -33,7 +34,17 @@ class UsageError(Exception):
     """Bad input from the user: reported as one line, exit code 2."""
 
 
+# A value that starts with "-" and a digit is a value, not a flag, as in Python 3.13's argparse: on 3.11 only a
+# plain number was, so `--gpu-memory -1GiB` said "expected one argument" instead of what is wrong with -1GiB.
+# (No flag of ours looks like a negative number.)
+NEGATIVE_VALUE = re.compile(r"-\.?\d")
+
+
 class Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = NEGATIVE_VALUE
+
     def error(self, message: str) -> NoReturn:  # one line instead of argparse's usage block
         raise UsageError(message)
 
