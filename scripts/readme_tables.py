@@ -574,7 +574,7 @@ def roofline_bracketed(folder: str = "roofline-bracketed") -> str:
         unsteady = "" if level.steady else f"; that calibration was itself unsteady (its slowest passes ran at " \
                                            f"{100 * slowest:.0f} % of its fastest)"
     else:
-        ceiling, slowest_pct = _printed_level(printed, working_set or first.working_set_bytes)
+        _, ceiling, slowest_pct = _printed_level(printed, (working_set or first.working_set_bytes) // 2**20)
         unsteady = (f"; that calibration was itself unsteady (its slowest passes ran at {slowest_pct} % of its "
                     "fastest) and calibrate-bandwidth refused to write it: after-unsteady.txt is what it printed")
     held = not first.disagrees(ceiling)
@@ -670,9 +670,7 @@ def refused_attempts(folder: Path) -> list[str]:
     said = []
     for printed in sorted(folder.glob("refused-*-before.txt"), key=lambda p: int(p.name.split("-")[1])):
         number = printed.name.split("-")[1]
-        levels = re.findall(r"^\s*([\d,]+) MiB: ceiling", printed.read_text(encoding="utf-8"), flags=re.MULTILINE)
-        mib = max(int(level.replace(",", "")) for level in levels)
-        ceiling, slowest_pct = _printed_level(printed, mib * 2**20)
+        mib, ceiling, slowest_pct = _printed_level(printed)
         check = folder / f"refused-{number}-pre-check.json"
         threads = json.loads(check.read_text())["env"].get("torch_threads") if check.is_file() else None
         before = f"before it, at {threads} torch thread(s), {steadiness_check(check)}; " if check.is_file() else ""
@@ -682,15 +680,27 @@ def refused_attempts(folder: Path) -> list[str]:
     return said
 
 
-def _printed_level(path: Path, working_set_bytes: int) -> tuple[float, str]:
-    """(ceiling in bytes/s, slowest passes' share of the fastest in %) of one level in what calibrate-bandwidth
-    printed: `       128 MiB: ceiling 35.0 GB/s (200 passes; ...); unsteady: its slowest passes ran at 65% ...`."""
-    mib = f"{working_set_bytes / 2**20:,.0f}"
+def _printed_levels(path: Path) -> dict[int, tuple[float, str | None]]:
+    """Every level in what calibrate-bandwidth printed, read once: {MiB: (ceiling in bytes/s, the slowest passes'
+    share of the fastest in % where it called the level unsteady, else None)}, from lines such as
+    `       128 MiB: ceiling 35.0 GB/s (200 passes; ...); unsteady: its slowest passes ran at 65% of its fastest`."""
+    levels = {}
     for line in path.read_text(encoding="utf-8").splitlines():
-        found = re.match(rf"\s*{mib} MiB: ceiling ([\d.]+) GB/s .*ran at (\d+)% of its fastest", line)
+        found = re.match(r"\s*([\d,]+) MiB: ceiling ([\d.]+) GB/s(?:.*ran at (\d+)% of its fastest)?", line)
         if found:
-            return float(found.group(1)) * 1e9, found.group(2)
-    raise NotMeasured(f"the {mib} MiB level in {path.name}")
+            levels[int(found.group(1).replace(",", ""))] = (float(found.group(2)) * 1e9, found.group(3))
+    return levels
+
+
+def _printed_level(path: Path, mib: int | None = None) -> tuple[int, float, str]:
+    """(MiB, ceiling in bytes/s, slowest passes' share of the fastest in %) of one unsteady level of what
+    calibrate-bandwidth printed (`_printed_levels`): the level of `mib`, or the largest one."""
+    levels = _printed_levels(path)
+    mib = max(levels, default=0) if mib is None else mib
+    ceiling, slowest_pct = levels.get(mib, (None, None))
+    if ceiling is None or slowest_pct is None:
+        raise NotMeasured(f"the unsteady {mib:,} MiB level in {path.name}")
+    return mib, ceiling, slowest_pct
 
 
 def step_drift() -> str:
