@@ -7,7 +7,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from optbench.cli.options import UsageError, check_output
+from optbench.cli.files import check_output
+from optbench.cli.options import UsageError
 from optbench.job.devices import usable_cpu_cores
 from optbench.records import exits
 

@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from optbench.cli.options import UsageError, check_output, load_records
+from optbench.cli.files import check_output, load_records
+from optbench.cli.options import UsageError
 from optbench.records import exits
 
 if TYPE_CHECKING:

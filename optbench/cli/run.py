@@ -6,7 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from optbench.cli.options import UsageError, load_records
+from optbench.cli.files import load_records
+from optbench.cli.options import UsageError
 from optbench.cli.sweeping import exit_status, finish, job_flags, sweep
 
 

@@ -9,7 +9,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from optbench.cli.options import UsageError, load_records
+from optbench.cli.files import load_records
+from optbench.cli.options import UsageError
 from optbench.cli.sweeping import check_inputs, check_out
 from optbench.job.spec import PARALLEL_NPROC
 from optbench.records import exits

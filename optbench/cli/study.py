@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from optbench.cli.options import UsageError, load_records
+from optbench.cli.files import load_records
+from optbench.cli.options import UsageError
 from optbench.cli.sweeping import check_inputs, check_out, executor, exit_status, finish, job_flags, show
 
 if TYPE_CHECKING:

@@ -12,7 +12,8 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from optbench.cli.options import UsageError, load_records
+from optbench.cli.files import load_records
+from optbench.cli.options import UsageError
 from optbench.records import exits
 
 if TYPE_CHECKING:
