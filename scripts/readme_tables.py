@@ -574,7 +574,7 @@ def roofline_bracketed(folder: str = "roofline-bracketed") -> str:
         unsteady = "" if level.steady else f"; that calibration was itself unsteady (its slowest passes ran at " \
                                            f"{100 * slowest:.0f} % of its fastest)"
     else:
-        _, ceiling, slowest_pct = _printed_level(printed, (working_set or first.working_set_bytes) // 2**20)
+        _, ceiling, slowest_pct = _printed_level(printed, round((working_set or first.working_set_bytes) / 2**20))
         unsteady = (f"; that calibration was itself unsteady (its slowest passes ran at {slowest_pct} % of its "
                     "fastest) and calibrate-bandwidth refused to write it: after-unsteady.txt is what it printed")
     held = not first.disagrees(ceiling)
