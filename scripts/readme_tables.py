@@ -396,6 +396,40 @@ def fit_table() -> str:
     return fit.fit_table(result).to_markdown(index=False, floatfmt=".1f")
 
 
+FIT_RUNS = ("fit.jsonl", "fit-repeat/run-1.jsonl", "fit-repeat/run-2.jsonl")  # the fit step's, then fit-repeat's
+
+
+def fit_repeat() -> str:
+    """The fit step's command, run more than once: each run's answers with its commit and host, and how far the
+    answers moved between the runs, in steps of fit's batch grid (`fit.candidate_sizes`): over all runs, and
+    between the repeats alone (one commit, one host)."""
+    from optbench.memory import fit
+    from optbench.memory.estimate import parse_bytes
+
+    runs, answers = [], {}
+    for name in FIT_RUNS:
+        records = _records((name,))
+        growths = fit.result_from_records(records, parse_bytes(FIT_BUDGET)).growths
+        stamps = [r.env for r in records if r.env]
+        where = f"`{_shown([str(s['git_commit'])[:7] for s in stamps if s.get('git_commit')])}` on " \
+                f"{_shown([_host(s) for s in stamps if s.get('cpu')])}"
+        runs.append(f"at {where}: " + ", ".join(f"{opt} {growth.size}" for opt, growth in growths.items()))
+        for opt, growth in growths.items():
+            answers.setdefault(opt, []).append(growth.size)
+    grid = fit.candidate_sizes("batch", max(size or 0 for sizes in answers.values() for size in sizes))
+
+    def spread(sizes: list[int | None]) -> str:
+        if None in sizes:
+            return "no answer in a run"
+        steps = grid.index(max(sizes)) - grid.index(min(sizes))
+        return f"{steps} grid step{'' if steps == 1 else 's'} ({max(sizes) - min(sizes)})"
+
+    everything = "; ".join(f"{opt} {spread(sizes)}" for opt, sizes in answers.items())
+    repeats = "; ".join(f"{opt} {spread(sizes[1:])}" for opt, sizes in answers.items())
+    return (f"{len(FIT_RUNS)} runs of `fit --memory {FIT_BUDGET}`: {'; '.join(runs)}. The answers spread by "
+            f"{everything} over all {len(FIT_RUNS)}, and by {repeats} between the last {len(FIT_RUNS) - 1}")
+
+
 ROOFLINE_AGREEMENT = 0.05  # five trials of one kernel must each read within ±5 % of their median
 
 
@@ -981,6 +1015,7 @@ VALUES: dict[str, Callable[[], str]] = {
     "roofline.thp-on": lambda: roofline_agreement("roofline-thp/on.jsonl"),
     "new-entries.summary": new_entries,
     "harness.summary": harness_summary,
+    "fit.repeat": fit_repeat,
     "gate.trials": lambda: gate_campaign_said("gate-campaign-trials"),
     "gate.trials-6": lambda: gate_campaign_said("gate-campaign-trials-6"),
     "gate.trials-spread": lambda: campaign_process_spread("gate-campaign-trials"),
