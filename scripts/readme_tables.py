@@ -134,8 +134,11 @@ def _stamps(path: Path) -> list[dict]:
     data = json.loads(path.read_text())
     if "commit_info" in data:  # pytest-benchmark: the commit from pytest-benchmark, the rest from machine_info
         info, machine = data["commit_info"], data.get("machine_info", {})
+        cpu = machine.get("cpu") if isinstance(machine.get("cpu"), dict) else {}
         return [{"git_commit": info.get("id"), "git_dirty": info.get("dirty"),
-                 "load_avg_1m": machine.get("load_avg_1m")}]
+                 "load_avg_1m": machine.get("load_avg_1m"), "cpu": cpu.get("brand_raw"),
+                 "cpu_model": machine.get("cpu_model"), "cpu_capability": machine.get("cpu_capability"),
+                 "gpu": machine.get("gpu")}]
     return [data["env"]] if isinstance(data.get("env"), dict) else []
 
 
@@ -189,10 +192,19 @@ def hosts() -> str:
     return "; ".join(f"{host}, {n} stamps" for host, n in ranked)
 
 
-def harness_summary() -> str:
+def harness_where(name: str) -> str:
+    """The commit and host a pytest-benchmark file was measured at, from its own stamp."""
+    if not (RESULTS / name).is_file():
+        raise NotMeasured(name)
+    stamps = _stamps(RESULTS / name)
+    return f"at `{_shown([str(s['git_commit'])[:7] for s in stamps if s.get('git_commit')])}` on " \
+           f"{_shown([_host(s) for s in stamps if s.get('cpu')])}"
+
+
+def harness_summary(name: str = "harness.json") -> str:
     """The harness-vs-bare check's figure (`pytest benchmarks -k harness --benchmark-json`), published only where
     its interval resolved the tolerance."""
-    data = json.loads((RESULTS / "harness.json").read_text())
+    data = json.loads((RESULTS / name).read_text())
     info = next(b["extra_info"] for b in data["benchmarks"] if b["extra_info"].get("kind") == "harness_overhead")
     ratio, tolerance, pairs = info["harness_to_bare_ratio"], info["tolerance"], info["pair_ratios"]
     low, high, verdict = info.get("ratio_low"), info.get("ratio_high"), info.get("resolution")
@@ -396,6 +408,7 @@ def fit_table() -> str:
     return fit.fit_table(result).to_markdown(index=False, floatfmt=".1f")
 
 
+HARNESS_REPEAT = "harness-repeat/harness.json"  # reference-results harness-repeat: the check alone, again
 FIT_RUNS = ("fit.jsonl", "fit-repeat/run-1.jsonl", "fit-repeat/run-2.jsonl")  # the fit step's, then fit-repeat's
 
 
@@ -1015,6 +1028,7 @@ VALUES: dict[str, Callable[[], str]] = {
     "roofline.thp-on": lambda: roofline_agreement("roofline-thp/on.jsonl"),
     "new-entries.summary": new_entries,
     "harness.summary": harness_summary,
+    "harness.repeat": lambda: f"{harness_where(HARNESS_REPEAT)}: {harness_summary(HARNESS_REPEAT)}",
     "fit.repeat": fit_repeat,
     "gate.trials": lambda: gate_campaign_said("gate-campaign-trials"),
     "gate.trials-6": lambda: gate_campaign_said("gate-campaign-trials-6"),
