@@ -192,13 +192,17 @@ def hosts() -> str:
     return "; ".join(f"{host}, {n} stamps" for host, n in ranked)
 
 
+def _where(stamps: list[dict]) -> str:
+    """The commit(s) and host(s) a file's stamps name: `at `abc1234` on AMD EPYC 25/17`."""
+    return f"at {_shown([str(s['git_commit'])[:7] for s in stamps if s.get('git_commit')], '`{}`')} on " \
+           f"{_shown([_host(s) for s in stamps if s.get('cpu')])}"
+
+
 def harness_where(name: str) -> str:
     """The commit and host a pytest-benchmark file was measured at, from its own stamp."""
     if not (RESULTS / name).is_file():
         raise NotMeasured(name)
-    stamps = _stamps(RESULTS / name)
-    return f"at `{_shown([str(s['git_commit'])[:7] for s in stamps if s.get('git_commit')])}` on " \
-           f"{_shown([_host(s) for s in stamps if s.get('cpu')])}"
+    return _where(_stamps(RESULTS / name))
 
 
 def harness_summary(name: str = "harness.json") -> str:
@@ -423,10 +427,8 @@ def fit_repeat() -> str:
     for name in FIT_RUNS:
         records = _records((name,))
         growths = fit.result_from_records(records, parse_bytes(FIT_BUDGET)).growths
-        stamps = [r.env for r in records if r.env]
-        where = f"`{_shown([str(s['git_commit'])[:7] for s in stamps if s.get('git_commit')])}` on " \
-                f"{_shown([_host(s) for s in stamps if s.get('cpu')])}"
-        runs.append(f"at {where}: " + ", ".join(f"{opt} {growth.size}" for opt, growth in growths.items()))
+        sizes = ", ".join(f"{opt} {growth.size}" for opt, growth in growths.items())
+        runs.append(f"{_where([r.env for r in records if r.env])}: {sizes}")
         for opt, growth in growths.items():
             answers.setdefault(opt, []).append(growth.size)
     grid = fit.candidate_sizes("batch", max(size or 0 for sizes in answers.values() for size in sizes))
