@@ -504,10 +504,11 @@ ROOFLINE_SETS = ("triad/roofline.jsonl", "roofline-thp/off.jsonl", "roofline-thp
                  "roofline-confirm/roofline.jsonl", "roofline-bracketed/roofline.jsonl",
                  "roofline-bracketed-2/roofline.jsonl")
 # Every set of five fused-AdamW trials committed under results/cpu-2core, in the order docs/roofline.md tells them
-# (the twelve sets, then the two-thread control): what "Does it repeat?" counts.
+# (the twelve sets, the two-thread control, the thirteenth): what "Does it repeat?" counts.
 ROOFLINE_REPEAT_SETS = (*ROOFLINE_SETS, "roofline-steady/roofline.jsonl", "roofline-paired/roofline.jsonl",
                         "roofline-paired-2/roofline.jsonl", "roofline-one-thread/roofline.jsonl",
-                        "roofline-one-thread-2/roofline.jsonl", "roofline-two-thread-control/roofline.jsonl")
+                        "roofline-one-thread-2/roofline.jsonl", "roofline-two-thread-control/roofline.jsonl",
+                        "roofline-one-thread-typed/roofline.jsonl")
 
 
 def roofline_repeat() -> str:
