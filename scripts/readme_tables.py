@@ -879,19 +879,20 @@ def gate_campaign_said(relative: str, optimizer: str = "adamw") -> str:
 
 def campaign_process_spread(relative: str) -> str:
     """How far one run's processes (seeds) of a gate campaign spread: the log SD of their optimizer-step medians,
-    the median over the campaign's same-commit runs (the slowed ones add the knob's own spread); and the 1-minute
-    load their trials started under."""
+    the median over the campaign's same-commit runs (the slowed ones add the knob's own spread); the torch threads
+    and the 1-minute load their trials started under."""
     import math
 
     runs = [[r for r in read_records(path) if r.status == "ok"] for path in sorted((RESULTS / relative / "same").glob(
         "run-*.jsonl"))]
     spreads = [statistics.stdev(math.log(r.optimizer_step_median_s) for r in run) for run in runs if len(run) > 1]
     loads = [r.env["load_avg_1m"] for run in runs for r in run if r.env.get("load_avg_1m") is not None]
+    threads = sorted({str(r.env["torch_threads"]) for run in runs for r in run if r.env.get("torch_threads")})
     if not spreads:
         raise NotMeasured(f"runs in {relative}")
     return (f"a run's step medians had a log SD of {100 * statistics.median(spreads):.1f} % (the median over its "
-            f"{len(spreads)} same-commit runs; their trials started at a 1-minute load of "
-            f"{min(loads):.1f}–{max(loads):.1f})")
+            f"{len(spreads)} same-commit runs, at {' or '.join(threads) or 'unstamped'} torch thread(s); their trials "
+            f"started at a 1-minute load of {min(loads):.1f}–{max(loads):.1f})")
 
 
 def slowdown_probe(mode: str) -> str:
@@ -964,6 +965,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "gate-campaign-trials-6-20": lambda: gate_campaign_table("gate-campaign-trials-6-20"),
     "gate-campaign-trials-6-adafactor": lambda: gate_campaign_table("gate-campaign-trials-6-adafactor"),
     "gate-campaign-trials-6-adafactor-20": lambda: gate_campaign_table("gate-campaign-trials-6-adafactor-20"),
+    "gate-campaign-trials-6-adafactor-one-thread": lambda: gate_campaign_table(
+        "gate-campaign-trials-6-adafactor-one-thread"),
     "gate-sleep": gate_sleep_table,
     "harness-factors": harness_factors_table,
     "recommend-study": lambda: command_output("recommend", "--params", "22714371", "--gpu-memory", "1.1GiB",
@@ -1043,6 +1046,10 @@ VALUES: dict[str, Callable[[], str]] = {
     "gate.trials-6-adafactor-spread": lambda: campaign_process_spread("gate-campaign-trials-6-adafactor"),
     "gate.trials-6-adafactor-20": lambda: gate_campaign_said("gate-campaign-trials-6-adafactor-20", "adafactor"),
     "gate.trials-6-adafactor-20-spread": lambda: campaign_process_spread("gate-campaign-trials-6-adafactor-20"),
+    "gate.trials-6-adafactor-one-thread": lambda: gate_campaign_said("gate-campaign-trials-6-adafactor-one-thread",
+                                                                     "adafactor"),
+    "gate.trials-6-adafactor-one-thread-spread": lambda: campaign_process_spread(
+        "gate-campaign-trials-6-adafactor-one-thread"),
     "probe.sleep": lambda: slowdown_probe("sleep"),
     "probe.spin": lambda: slowdown_probe("spin"),
     "probe.padding": lambda: probe("padding"),

@@ -118,3 +118,15 @@ def test_the_campaign_takes_turns_by_sweep_or_by_trial_and_nothing_else():
     result = subprocess.run(["bash", "scripts/gate-campaign", "out", "1", "0.3", "adamw", "0", "shuffled"], cwd=root,
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and result.stderr == "gate-campaign: ORDER is sweeps or trials, not shuffled\n"
+
+
+def test_the_campaign_takes_a_positive_thread_count_and_nothing_else():
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    for threads in ("0", "two", "-1"):
+        result = subprocess.run(["bash", "scripts/gate-campaign", "out", "1", "0.3", "adamw", "0", "trials", threads],
+                                cwd=root, capture_output=True, text=True, timeout=60)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr == f"gate-campaign: THREADS is a positive count, not {threads}\n"
