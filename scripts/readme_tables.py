@@ -865,12 +865,15 @@ def gate_campaign_table(relative: str = "gate-campaign") -> str:
 
 def gate_campaign_said(relative: str, optimizer: str = "adamw") -> str:
     """A gate campaign's outcome for one optimizer in words: per comparison, how many tries measured within the
-    tolerance of the injected change, the median, and how many were flagged."""
+    tolerance of the injected change, the median, and how many were flagged: first as the gate read them when the
+    campaign ran (unadjusted), then adjusted for each process's speed (report/noise.py)."""
     from optbench.report import campaign
 
     found = campaign.outcomes(RESULTS / relative)
-    said = [f"{kind}: {o.within_tolerance()} of {o.compared} within ±{campaign.TOLERANCE_PTS:g} points of "
-            f"{o.injected_pct:+g} % (median {statistics.median(o.changes):+.1f} %), {o.flagged} flagged"
+    said = [f"{kind}: {o.within_tolerance(unadjusted=True)} of {o.compared} within ±{campaign.TOLERANCE_PTS:g} "
+            f"points of {o.injected_pct:+g} % (median {statistics.median(o.unadjusted_changes):+.1f} %), "
+            f"{o.unadjusted_flagged} flagged; adjusted for each process's speed, {o.within_tolerance()} of "
+            f"{o.compared} (median {statistics.median(o.changes):+.1f} %), {o.flagged} flagged"
             for kind, per in found.items() if (o := per.get(optimizer))]
     if not said:
         raise NotMeasured(f"{optimizer} comparisons in {relative}")
@@ -893,6 +896,34 @@ def campaign_process_spread(relative: str) -> str:
     return (f"a run's step medians had a log SD of {100 * statistics.median(spreads):.1f} % (the median over its "
             f"{len(spreads)} same-commit runs, at {' or '.join(threads) or 'unstamped'} torch thread(s); their trials "
             f"started at a 1-minute load of {min(loads):.1f}–{max(loads):.1f})")
+
+
+PROCESS_SPEED_CAMPAIGNS = (("gate-campaign-trials-6-adafactor", "Adafactor, +30 %"),
+                           ("gate-campaign-trials-6-adafactor-20", "Adafactor, +20 %"),
+                           ("gate-campaign-trials-6-adafactor-one-thread", "Adafactor, one thread"),
+                           ("gate-campaign-trials-6", "AdamW, +30 %"), ("gate-campaign-trials-6-20", "AdamW, +20 %"))
+
+
+def process_speed() -> str:
+    """Whether a process's optimizer step moves with the rest of its step: per trial-by-trial campaign, Pearson's r
+    between the log optimizer-step and log rest-of-step medians over its same-commit processes, and the slope of
+    the first on the second (what report/noise.py's adjustment regresses out)."""
+    import math
+
+    from scipy import stats
+
+    from optbench.report import metrics
+
+    said = []
+    for relative, name in PROCESS_SPEED_CAMPAIGNS:
+        pairs = [(math.log(r.optimizer_step_median_s), math.log(rest))
+                 for path in sorted((RESULTS / relative / "same").glob("run-*.jsonl")) for r in read_records(path)
+                 if r.status == "ok" and (rest := metrics.BY_COLUMN["rest_of_step_ms"].value(r))]
+        if len(pairs) < 3:
+            raise NotMeasured(f"same-commit processes in {relative}")
+        fit = stats.linregress([x for _, x in pairs], [y for y, _ in pairs])
+        said.append(f"{name} r = {fit.rvalue:.2f} (slope {fit.slope:.2f}, {len(pairs)} processes)")
+    return "; ".join(said)
 
 
 def slowdown_probe(mode: str) -> str:
@@ -967,6 +998,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "gate-campaign-trials-6-adafactor-20": lambda: gate_campaign_table("gate-campaign-trials-6-adafactor-20"),
     "gate-campaign-trials-6-adafactor-one-thread": lambda: gate_campaign_table(
         "gate-campaign-trials-6-adafactor-one-thread"),
+    "gate-campaign-trials-6-adafactor-adjusted": lambda: gate_campaign_table(
+        "gate-campaign-trials-6-adafactor-adjusted"),
     "gate-sleep": gate_sleep_table,
     "harness-factors": harness_factors_table,
     "recommend-study": lambda: command_output("recommend", "--params", "22714371", "--gpu-memory", "1.1GiB",
@@ -1036,6 +1069,7 @@ VALUES: dict[str, Callable[[], str]] = {
     "harness.summary": harness_summary,
     "harness.repeat": lambda: f"{harness_where(HARNESS_REPEAT)}: {harness_summary(HARNESS_REPEAT)}",
     "fit.repeat": fit_repeat,
+    "gate.process-speed": process_speed,
     "gate.trials": lambda: gate_campaign_said("gate-campaign-trials"),
     "gate.trials-6": lambda: gate_campaign_said("gate-campaign-trials-6"),
     "gate.trials-spread": lambda: campaign_process_spread("gate-campaign-trials"),

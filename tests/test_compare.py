@@ -10,7 +10,7 @@ from scipy import stats as scipy_stats
 
 from optbench.__main__ import main
 from optbench.records.record import Record, append_record, read_records
-from optbench.report import compare, environments, metrics, noise
+from optbench.report import compare, compare_table, environments, metrics, noise
 
 MIB = 2**20
 JOB = dict(model="m", dataset="d", device="cpu", steps=10, batch_size=4, seq_len=8, workload="w")
@@ -441,7 +441,7 @@ def test_perplexity_gate_directly_and_with_one_seed():
 def test_perplexity_is_exported_as_smaller_is_better(tmp_path):
     runs = [_lm(s, p) for s, p in enumerate(BASE_PPL)]
     comparison = compare.compare(runs, runs, compare.Thresholds())
-    paths = compare.export_github_benchmark(comparison, tmp_path / "b.json")
+    paths = compare_table.export_github_benchmark(comparison, tmp_path / "b.json")
     smaller, bigger = (json.loads(p.read_text()) for p in paths)
     ppl = next(e for e in smaller if "perplexity" in e["name"])
     assert ppl["value"] == pytest.approx(np.mean(BASE_PPL)) and ppl["unit"] == "perplexity"

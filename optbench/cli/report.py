@@ -55,7 +55,7 @@ def with_overrides(limits: Thresholds, args: argparse.Namespace) -> Thresholds:
 
 
 def compare_command(args: argparse.Namespace) -> int:
-    from optbench.report import compare
+    from optbench.report import compare, compare_table
 
     runs = {}
     for role, path in (("BASE", args.base), ("NEW", args.new)):
@@ -68,7 +68,7 @@ def compare_command(args: argparse.Namespace) -> int:
         raise UsageError(f"no records in --noise-history {', '.join(map(str, args.noise_history))}")
     if args.export_github_benchmark is not None:  # before the comparison: a late exit 2 would hide a regression's 1
         read = (args.base, args.new, *(args.noise_history or ()))
-        for path in (args.export_github_benchmark, compare.accuracy_export_path(args.export_github_benchmark)):
+        for path in (args.export_github_benchmark, compare_table.accuracy_export_path(args.export_github_benchmark)):
             check_output(path, "--export-github-benchmark", read)
     try:
         comparison = compare.compare(runs["BASE"], runs["NEW"], limits, history)
@@ -77,10 +77,10 @@ def compare_command(args: argparse.Namespace) -> int:
     if args.strict_env and comparison.env_differences:
         raise UsageError("--strict-env: BASE and NEW ran in different environments: "
                          + "; ".join(comparison.env_differences))
-    print(compare.render_markdown(comparison))
+    print(compare_table.render_markdown(comparison))
     if args.export_github_benchmark:
         try:
-            paths = compare.export_github_benchmark(comparison, args.export_github_benchmark)
+            paths = compare_table.export_github_benchmark(comparison, args.export_github_benchmark)
         except OSError as exc:
             raise UsageError(f"cannot write {args.export_github_benchmark}: {exc.strerror or exc}") from None
         print("wrote " + ", ".join(map(str, paths)), file=sys.stderr)

@@ -32,23 +32,33 @@ TOLERANCE_PTS = 5.0  # the measured slowdown must be the injected one ± this ma
 @dataclass
 class Outcome:
     """One kind of comparison (same-commit, or one injected slowdown) for one optimizer: how often it was flagged,
-    and the measured changes."""
+    and the measured changes; `unadjusted_*`: the same without the covariance analysis (report/noise.py), the
+    figures the gate read before it, for the comparisons it `adjusted` (elsewhere the two agree)."""
 
     injected_pct: float
     flagged: int = 0
     compared: int = 0
     changes: list[float] = field(default_factory=list)
+    adjusted: int = 0
+    unadjusted_flagged: int = 0
+    unadjusted_changes: list[float] = field(default_factory=list)
 
-    def within_tolerance(self) -> int:
-        return sum(abs(c - self.injected_pct) <= TOLERANCE_PTS for c in self.changes)
+    def within_tolerance(self, unadjusted: bool = False) -> int:
+        changes = self.unadjusted_changes if unadjusted else self.changes
+        return sum(abs(c - self.injected_pct) <= TOLERANCE_PTS for c in changes)
+
+    def _measured(self, flagged: int, changes: list[float], unadjusted: bool) -> str:
+        spread = f"{statistics.median(changes):+.1f} % ({min(changes):+.1f} … {max(changes):+.1f})"
+        within = f"within ±{TOLERANCE_PTS:g} pts of {self.injected_pct:+g} %: {self.within_tolerance(unadjusted)}"
+        return f"flagged {flagged}/{self.compared}; measured {spread}; {within}/{self.compared}"
 
     def cell(self) -> str:
         if not self.compared:
             return ""
-        rate = f"flagged {self.flagged}/{self.compared}"
-        spread = f"{statistics.median(self.changes):+.1f} % ({min(self.changes):+.1f} … {max(self.changes):+.1f})"
-        within = f"within ±{TOLERANCE_PTS:g} pts of {self.injected_pct:+g} %: {self.within_tolerance()}"
-        return f"{rate}; measured {spread}; {within}/{self.compared}"
+        if not self.adjusted:
+            return self._measured(self.flagged, self.changes, False)
+        return (f"{self._measured(self.flagged, self.changes, False)} (adjusted: {self.adjusted}/{self.compared}); "
+                f"unadjusted: {self._measured(self.unadjusted_flagged, self.unadjusted_changes, True)}")
 
 
 def _runs(folder: Path) -> list[Path]:
@@ -82,6 +92,14 @@ def outcomes(root: Path) -> dict[str, dict[str, Outcome]]:
                 outcome.compared += 1
                 outcome.flagged += "optimizer step" in str(row.regression)
                 outcome.changes.append(float(delta))
+                before = getattr(row, f"{METRIC}_unadjusted")
+                if isinstance(before, tuple):
+                    outcome.adjusted += 1
+                    outcome.unadjusted_flagged += before[1] is not None and before[1] > CAMPAIGN_LIMITS.max_slowdown_pct
+                    outcome.unadjusted_changes.append(float(before[0]))
+                else:
+                    outcome.unadjusted_flagged += "optimizer step" in str(row.regression)
+                    outcome.unadjusted_changes.append(float(delta))
     return found
 
 
@@ -99,7 +117,8 @@ def summary_markdown(root: Path) -> str:
     runs = max((len({r.seed for r in read_records(p)}) for p in _runs(root / "same")), default=0)
     return (table.to_markdown(index=False) + f"\n\n{runs} processes (seeds) per run and side; the optimizer step is "
             f"flagged when its whole 95 % interval (from the spread between processes) lies past "
-            f"+{CAMPAIGN_LIMITS.max_slowdown_pct:g} %")
+            f"+{CAMPAIGN_LIMITS.max_slowdown_pct:g} %; adjusted: compared by covariance analysis on each process's "
+            f"rest of the step (report/noise.py), unadjusted: what the gate read without it")
 
 
 def main(argv: list[str]) -> int:

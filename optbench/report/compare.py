@@ -24,18 +24,13 @@ A row also regresses when it was `ok` in BASE and is failed or missing in NEW. A
 never a regression. `environments.environment_differences` compares the two runs' stamps (machine, library versions,
 threads): numbers from unlike machines are not a comparison, so the table says so.
 
-`export_github_benchmark` writes NEW's numbers in github-action-benchmark's custom format: one file of what
-is better smaller (times, memory, perplexity: `customSmallerIsBetter`) and, next to it with `-accuracy` added to
-the name, one of what is better bigger (accuracy: `customBiggerIsBetter`).
+The comparison's table and its export for github-action-benchmark are compare_table's.
 """
 
 from __future__ import annotations
 
-import json
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pandas as pd
 
@@ -84,12 +79,14 @@ class Change:
     delta: float
     low: float | None = None
     high: float | None = None
-    test: str = "threshold"  # "between-run" | "between-run + history" | "paired-t" | "threshold"
+    test: str = "threshold"  # "between-run" | "between-run + history" | noise.ADJUSTED | "paired-t" | "threshold"
     unit: str = "%"
     verdict: str | None = None  # quality, paired: the verdict words against the threshold as margin
     runs: str | None = None  # time: processes per side, "3+3"
     between_run: float | None = None  # time: relative spread between processes (pooled sd of log medians), %
     within_run: float | None = None  # time: relative spread of steps within a process (IQR / median), %
+    adjustment: str | None = None  # time: what the covariance analysis did, in words (noise.describe)
+    unadjusted: tuple[float, float | None, float | None] | None = None  # time, adjusted: the change before, in %
 
 
 @dataclass(frozen=True)
@@ -110,7 +107,7 @@ class Comparison:
     warnings: list[str] = field(default_factory=list)  # a run timed on a busy machine; an optimizer at another lr
 
 
-def _value(row: pd.Series | None, column: str) -> float | None:
+def row_value(row: pd.Series | None, column: str) -> float | None:
     if row is None or column not in row or pd.isna(row[column]):
         return None
     return float(row[column])
@@ -144,8 +141,11 @@ def _time_change(metric: Metric, base_trials: pd.DataFrame | None, new_trials: p
         return None
     pct = [None if v is None else 100 * (v - 1) for v in (found.low, found.high)]
     percent = [None if v is None else 100 * v for v in (found.between_run, found.within_run)]
+    before = found.adjustment.unadjusted if found.adjustment else None
     return Change(100 * (found.ratio - 1), pct[0], pct[1], found.basis if pct[0] is not None else "threshold",
-                  runs=f"{found.runs[0]}+{found.runs[1]}", between_run=percent[0], within_run=percent[1])
+                  runs=f"{found.runs[0]}+{found.runs[1]}", between_run=percent[0], within_run=percent[1],
+                  adjustment=noise.describe(found.adjustment),
+                  unadjusted=None if before is None else tuple(None if v is None else 100 * (v - 1) for v in before))
 
 
 def measure_change(metric: Metric, before: float | None, after: float | None, base_trials: pd.DataFrame | None,
@@ -229,7 +229,8 @@ def _row_kind(base: pd.Series | None, new: pd.Series | None) -> Row:
     return Row(str(row["target_metric"]), str(row["target_mode"]), scale if isinstance(scale, str) else stats.POINTS)
 
 
-CHANGE_COLUMNS = ("delta", "low", "high", "test", "verdict", "runs", "between_run", "within_run")
+CHANGE_COLUMNS = ("delta", "low", "high", "test", "verdict", "runs", "between_run", "within_run", "adjustment",
+                  "unadjusted")
 
 
 def _compare_pair(pair: Pair, ok: tuple[dict, dict], trials: tuple[dict, dict], limits: Thresholds,
@@ -240,14 +241,14 @@ def _compare_pair(pair: Pair, ok: tuple[dict, dict], trials: tuple[dict, dict], 
     row, problems = {"target_metric": kind.target_metric, "target_mode": kind.target_mode, "scale": kind.scale}, []
     untrained = [side is not None and cells.untrained_row(side) for side in (base, new)]
     for metric in metrics.gated():
-        before, after = _value(base, metric.column), _value(new, metric.column)
+        before, after = row_value(base, metric.column), row_value(new, metric.column)
         if metric.gate == QUALITY:  # a side at chance has no quality figure (report/bounds.py): nothing to test
             before, after = (None if flag else value for flag, value in zip(untrained, (before, after), strict=True))
             row.update({f"{metric.column}_{side}_untrained": flag for side, flag in zip(("base", "new"), untrained,
                                                                                           strict=True)})
             if untrained[1] and before is not None:
-                problems.append(f"{metric.name(kind.target_metric)} was {_scale(metric, row, before):.4g} "
-                                f"{_unit(metric, row)}, now {cells.UNTRAINED} (at chance)")
+                problems.append(f"{metric.name(kind.target_metric)} was {shown_value(metric, row, before):.4g} "
+                                f"{shown_unit(metric, row)}, now {cells.UNTRAINED} (at chance)")
         change = measure_change(metric, before, after, trials[0].get(pair), trials[1].get(pair), kind, limits,
                                 history.get(metric.column, noise.NO_HISTORY))
         row.update({f"{metric.column}_base": before, f"{metric.column}_new": after,
@@ -292,109 +293,13 @@ def compare(base: list[Record], new: list[Record], limits: Thresholds, history: 
                                 *lr_differences(base, new)])
 
 
-def _scale(metric: Metric, row: pd.Series, value: float | None) -> float | None:
+def shown_value(metric: Metric, row: pd.Series, value: float | None) -> float | None:
     """A quality metric in [0, 1] is shown (and exported) in percent; the others already carry their unit."""
     points = metric.gate == QUALITY and row.get("scale") == stats.POINTS
     return None if value is None else value * (100 if points else 1)
 
 
-def _unit(metric: Metric, row: pd.Series) -> str:
+def shown_unit(metric: Metric, row: pd.Series) -> str:
     if metric.gate != QUALITY:
         return metric.unit
     return "%" if row.get("scale") == stats.POINTS else str(row.get("target_metric"))
-
-
-def _cell(metric: Metric, row: pd.Series) -> str:
-    before = _scale(metric, row, _value(row, f"{metric.column}_base"))
-    after = _scale(metric, row, _value(row, f"{metric.column}_new"))
-    delta = _value(row, f"{metric.column}_delta")
-    at_chance = [row.get(f"{metric.column}_{side}_untrained") is True for side in ("base", "new")]
-    if before is None and after is None and not any(at_chance):
-        return ""
-    decimals = 1 if metric.gate == QUALITY and row.get("scale") == stats.POINTS else metric.decimals
-    show = [(cells.UNTRAINED if flag else "-" if v is None else f"{v:,.{decimals}f}")
-            for flag, v in zip(at_chance, (before, after), strict=True)]
-    if delta is None:
-        return f"{show[0]} → {show[1]}"
-    unit = "pts" if metric.gate == QUALITY and row.get("scale") == stats.POINTS else "%"
-    low, high = _value(row, f"{metric.column}_low"), _value(row, f"{metric.column}_high")
-    spreads = _spreads(metric, row)
-    if low is not None and high is not None:
-        verdict = row.get(f"{metric.column}_verdict")
-        said = f": {verdict}" if isinstance(verdict, str) else (", within noise" if low <= 0 <= high else "")
-        return f"{show[0]} → {show[1]} ({delta:+.1f} {unit}, CI {low:+.1f} … {high:+.1f}{said}{spreads})"
-    untested = (", no CI: too few runs" if metric.gate == TIME else ", no CI") if metric.gate != MEMORY else ""
-    return f"{show[0]} → {show[1]} ({delta:+.1f} {unit}{untested}{spreads})"
-
-
-def _spreads(metric: Metric, row: pd.Series) -> str:
-    """A time cell's runs per side and both spreads: between processes (what the interval is made of) and within
-    one (how steady each run was)."""
-    runs = row.get(f"{metric.column}_runs")
-    if metric.gate != TIME or not isinstance(runs, str):
-        return ""
-    parts = [f"runs {runs}"]
-    for name, column in (("between-run", "between_run"), ("within-run", "within_run")):
-        value = _value(row, f"{metric.column}_{column}")
-        if value is not None:
-            parts.append(f"{name} ±{value:.1f} %")
-    return "; " + ", ".join(parts)
-
-
-LEGEND = ("Change NEW vs BASE with its 95 % CI. Times: ratio of the geometric means of the per-process medians "
-          "(each trial is a process; repeats are its seeds), Student-t CI from the spread between processes "
-          "(at least 3 per side, or a recorded same-commit history), shown with that between-run spread and the "
-          "spread of steps within a run; the target metric: paired over shared seeds, Student-t CI, in the report's "
-          "verdict words with the threshold as margin; memory and state: plain threshold (state bytes are exact; a "
-          "peak must also clear the peak-growth floor, if set). A change regresses only when its whole CI lies "
-          "beyond the threshold; \"no CI\": too few runs or a single seed, plain threshold.")
-
-
-def render_header(comparison: Comparison) -> str:
-    """Which commits are compared, and a warning for every environment difference (unlike machines)."""
-    base, new = (", ".join(c[:12] for c in commits) or "unknown" for commits in comparison.commits)
-    lines = [f"BASE commit {base} → NEW commit {new}", ""]
-    if comparison.env_differences:
-        lines += ["**Warning: the runs come from different environments; their numbers are not like with "
-                  "like:**", "", *(f"- {line}" for line in comparison.env_differences), ""]
-    lines += [f"**Warning: {line}.**\n" for line in comparison.warnings]
-    return "\n".join([*lines, LEGEND, ""])
-
-
-def render_markdown(comparison: Comparison) -> str:
-    """The header, then one table per job: BASE → NEW (change, CI) per metric, and the verdict per optimizer."""
-    parts = [render_header(comparison)]
-    for job, group in comparison.rows.groupby("job", sort=False):
-        target = str(group["target_metric"].iloc[0])
-        table = pd.DataFrame({
-            "optimizer": group["optimizer"],
-            "status": [f"{r.base_status} → {r.new_status}" for r in group.itertuples()],
-            **{f"{m.name(target)} {_unit(m, group.iloc[0])}": [_cell(m, r) for _, r in group.iterrows()]
-               for m in metrics.gated()},
-            "verdict": ["REGRESSION: " + r.regression if r.regression else "ok" for r in group.itertuples()],
-        })
-        parts.append(f"### {job}\n\n" + table.to_markdown(index=False))
-    return "\n\n".join(parts) + "\n"
-
-
-def accuracy_export_path(path: Path) -> Path:
-    """Where the bigger-is-better entries (accuracy) go: `name.json` -> `name-accuracy.json`."""
-    return path.with_name(f"{path.stem}-accuracy{path.suffix or '.json'}")
-
-
-def export_github_benchmark(comparison: Comparison, path: Path) -> list[Path]:
-    """Write NEW's numbers for github-action-benchmark, each by its direction; returns the two files written."""
-    smaller, bigger = [], []
-    for _, row in comparison.rows.iterrows():
-        for metric in metrics.gated():
-            value = _scale(metric, row, _value(row, f"{metric.column}_new"))
-            if value is None or not math.isfinite(value):
-                continue
-            entry = {"name": f"{row['optimizer']}: {metric.name(row['target_metric'])} ({row['job']})",
-                     "unit": _unit(metric, row), "value": round(value, 6)}
-            (bigger if metric.higher_is_better(row["target_mode"]) else smaller).append(entry)
-    paths = [path, accuracy_export_path(path)]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    for target, entries in zip(paths, (smaller, bigger), strict=True):
-        target.write_text(json.dumps(entries, indent=2) + "\n", encoding="utf-8")
-    return paths

@@ -13,6 +13,7 @@ for the classifiers, perplexity for the `lm` workload.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +47,8 @@ class Metric:
     invalid_above: float | None = None  # a value above this is a measurement failure, never a result
     invalid_text: str = ""
     scored: bool = False  # a score of the model's predictions: `untrained` where the job did not train (bounds.py)
+    adjust_for: str | None = None  # TIME: the column of a per-process time this metric's change cannot move, whose
+    # spread between processes compare regresses out (report/noise.py, `adjusted`)
 
     def name(self, metric: str = "accuracy") -> str:
         return (self.label or self.title).format(metric=metric)
@@ -168,6 +171,18 @@ def sharding_cell(record: Record) -> str | None:
     return f"{len(changes)} ({precision} precision)" if changes else "none"
 
 
+def _rest_of_step_ms(record: Record) -> float | None:
+    """The step without optimizer.step() (forward, backward, zero_grad), its median over the timed steps, in ms: a
+    time of the same process that a change to the optimizer step cannot move, so it measures the process's own
+    speed (report/noise.py's adjustment)."""
+    steps, optimizer = record.step_time_samples_s, record.optimizer_step_samples_s
+    if steps and len(steps) == len(optimizer):
+        return 1e3 * statistics.median(total - own for total, own in zip(steps, optimizer, strict=True))
+    if record.step_time_median_s is None or record.optimizer_step_median_s is None:
+        return None
+    return 1e3 * (record.step_time_median_s - record.optimizer_step_median_s)
+
+
 def _prediction_error_pct(record: Record) -> float | None:
     """predicted / measured peak - 1, in %: how far optbench.memory.predict was off before training."""
     if not record.predicted_peak_bytes or not record.peak_memory_bytes:
@@ -192,7 +207,9 @@ METRICS: tuple[Metric, ...] = (
     Metric("step_ms", "step ms", "ms", 1, LOWER, _scaled("step_time_median_s", 1e3), TIME, "step_time_samples_s",
            label="step time", compact=True),
     Metric("opt_step_ms", "opt step ms", "ms", 1, LOWER, _scaled("optimizer_step_median_s", 1e3), TIME,
-           "optimizer_step_samples_s", label="optimizer step", compact=True),
+           "optimizer_step_samples_s", label="optimizer step", compact=True, adjust_for="rest_of_step_ms"),
+    Metric("rest_of_step_ms", "rest of step ms", "ms", 1, LOWER, _rest_of_step_ms, label="rest of the step",
+           show=False),
     Metric("first_step_s", "first step s", "s", 2, LOWER, _scaled("first_step_s", 1)),  # state creation, compile
     Metric("samples_per_s", "samples/s", "1/s", 1, HIGHER, _scaled("samples_per_s", 1)),
     Metric("fp32_state_pct", "fp32 state %", "%", 2, None, _scaled("fp32_state_fraction", 100)),

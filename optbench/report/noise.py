@@ -12,10 +12,22 @@ Student-t interval of the difference of the mean logs, with the variance pooled 
 the runs of NEW, and — where given — a recorded history of same-commit runs (`history_spreads`), which lends its
 degrees of freedom to a comparison of single runs (a nightly). An interval needs MIN_RUNS processes on each side,
 or a history of at least MIN_RUNS same-commit runs; otherwise there is none, and the cell says so.
+
+Much of what moves between processes is the process's own speed, and it moves every part of the step alike: over
+the 120 same-commit processes of each Adafactor campaign (results/cpu-2core/gate-campaign-trials-6-adafactor*), a
+process's median optimizer step and its median rest of the step (forward, backward, zero_grad) correlate at r =
+0.88-0.95. A metric that names such a time (`Metric.adjust_for`: one a change to it cannot move) is therefore
+compared by covariance analysis (`adjusted`): the log process medians regressed on the side and on the log
+covariate, the slope pooled within sides, the change and its Student-t interval read off the side's coefficient
+(n - 3 degrees of freedom). That leaves out the process's speed and keeps what the change did. It applies only
+when each side has MIN_RUNS processes with both times, and only when the covariate itself did not move (its own
+interval contains 1): a change that also slows the rest of the step (a new torch, a new model) is measured
+unadjusted, and the cell says why.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -69,6 +81,25 @@ def within_run(sample_lists: Iterable[Sequence[float]]) -> float | None:
     return float(np.median(spreads)) if spreads else None
 
 
+ADJUSTED = "between-run, adjusted"
+
+
+@dataclass(frozen=True)
+class Adjustment:
+    """What the covariance analysis found: the covariate's own NEW / BASE ratio and interval, and — where it did
+    not move, so the adjustment `applied` — the slope of log metric on log covariate, the spread between
+    processes left after it, and the unadjusted change it replaced."""
+
+    covariate: str  # the covariate's column
+    covariate_ratio: float
+    covariate_low: float
+    covariate_high: float
+    applied: bool
+    slope: float | None = None
+    residual_sd: float | None = None
+    unadjusted: tuple[float, float | None, float | None] | None = None  # ratio, low, high
+
+
 @dataclass(frozen=True)
 class TimeChange:
     """NEW vs BASE for one time metric: the ratio, its interval (None: too few runs), and both spreads."""
@@ -79,7 +110,8 @@ class TimeChange:
     runs: tuple[int, int]
     between_run: float | None  # pooled sd of log process medians (≈ relative spread between runs)
     within_run: float | None
-    basis: str  # "between-run" | "between-run + history" | "too few runs"
+    basis: str  # "between-run" | "between-run + history" | "too few runs" | ADJUSTED
+    adjustment: Adjustment | None = None  # the covariance analysis, where the metric names a covariate
 
 
 def change(base: Sequence[float], new: Sequence[float], history: Spread = NO_HISTORY,
@@ -101,20 +133,78 @@ def change(base: Sequence[float], new: Sequence[float], history: Spread = NO_HIS
     return TimeChange(math.exp(diff), math.exp(diff - half), math.exp(diff + half), runs, pooled.sd, within, basis)
 
 
+def adjusted(base: Sequence[tuple[float, float]], new: Sequence[tuple[float, float]], covariate: str,
+             unadjusted: TimeChange) -> TimeChange:
+    """`unadjusted`, replaced by the covariance analysis of (metric, covariate) process medians where the covariate
+    did not move; with the analysis recorded either way (see the module doc)."""
+    moved = change([x for _, x in base], [x for _, x in new])
+    if moved.low is None or moved.high is None:
+        return unadjusted
+    found = Adjustment(covariate, moved.ratio, moved.low, moved.high, applied=False)
+    logs = np.log(np.asarray([*base, *new], dtype=float))
+    design = np.column_stack([np.ones(len(logs)), np.r_[np.zeros(len(base)), np.ones(len(new))], logs[:, 1]])
+    if not moved.low <= 1 <= moved.high or np.linalg.matrix_rank(design) < 3:
+        return dataclasses.replace(unadjusted, adjustment=found)
+    coefficients, *_ = np.linalg.lstsq(design, logs[:, 0], rcond=None)
+    residuals = logs[:, 0] - design @ coefficients
+    df = len(logs) - 3
+    residual_sd = math.sqrt(float(residuals @ residuals) / df)
+    half = float(_scipy_stats.t.ppf(0.5 + CONFIDENCE / 2, df)) * residual_sd * math.sqrt(
+        float(np.linalg.inv(design.T @ design)[1, 1]))
+    diff = float(coefficients[1])
+    found = dataclasses.replace(found, applied=True, slope=float(coefficients[2]), residual_sd=residual_sd,
+                                unadjusted=(unadjusted.ratio, unadjusted.low, unadjusted.high))
+    return dataclasses.replace(unadjusted, ratio=math.exp(diff), low=math.exp(diff - half),
+                               high=math.exp(diff + half), basis=ADJUSTED, adjustment=found)
+
+
+def describe(found: Adjustment | None) -> str | None:
+    """The covariance analysis in a cell's words: what it was adjusted for and what it replaced, or why not."""
+    if found is None:
+        return None
+    name = metrics.BY_COLUMN[found.covariate].name()
+    moved = (f"{100 * (found.covariate_ratio - 1):+.1f} %, CI {100 * (found.covariate_low - 1):+.1f} … "
+             f"{100 * (found.covariate_high - 1):+.1f}")
+    if not found.applied or found.unadjusted is None:
+        return f"not adjusted: the {name} moved too ({moved})"
+    ratio, low, high = (100 * (v - 1) if v is not None else math.nan for v in found.unadjusted)
+    return (f"adjusted for the {name} (slope {found.slope:.2f}, between-run ±{100 * (found.residual_sd or 0):.1f} % "
+            f"left; unadjusted {ratio:+.1f} %, CI {low:+.1f} … {high:+.1f})")
+
+
 def time_change(metric: Metric, base_trials: Any, new_trials: Any, history: Spread = NO_HISTORY) -> TimeChange | None:
     """`change` of one time metric between two runs' ok trials (frames, one row per process): each trial's median
-    is a draw, its samples give the within-run spread. None when a side has no trial with the metric."""
-    base, new = _medians(base_trials, metric), _medians(new_trials, metric)
+    is a draw, its samples give the within-run spread; `adjusted` where the metric names a covariate and each side
+    has MIN_RUNS processes with both. None when a side has no trial with the metric."""
+    base, new = _medians(base_trials, metric.column), _medians(new_trials, metric.column)
     if not base or not new:
         return None
-    return change(base, new, history, within_run(_sample_lists(base_trials, metric) + _sample_lists(new_trials,
-                                                                                                      metric)))
+    found = change(base, new, history, within_run(_sample_lists(base_trials, metric) + _sample_lists(new_trials,
+                                                                                                       metric)))
+    if metric.adjust_for is None:
+        return found
+    pairs = [_paired(trials, metric.column, metric.adjust_for) for trials in (base_trials, new_trials)]
+    if min(len(p) for p in pairs) < MIN_RUNS:
+        return found
+    return adjusted(pairs[0], pairs[1], metric.adjust_for, found)
 
 
-def _medians(trials: Any, metric: Metric) -> list[float]:
-    if trials is None or metric.column not in trials:
+def _usable(value: Any) -> bool:
+    return value is not None and math.isfinite(value) and value > 0
+
+
+def _medians(trials: Any, column: str) -> list[float]:
+    if trials is None or column not in trials:
         return []
-    return [float(v) for v in trials[metric.column] if v is not None and math.isfinite(v) and v > 0]
+    return [float(v) for v in trials[column] if _usable(v)]
+
+
+def _paired(trials: Any, column: str, covariate: str) -> list[tuple[float, float]]:
+    """(metric, covariate) of every process that has both."""
+    if trials is None or column not in trials or covariate not in trials:
+        return []
+    return [(float(y), float(x)) for y, x in zip(trials[column], trials[covariate], strict=True)
+            if _usable(y) and _usable(x)]
 
 
 def _sample_lists(trials: Any, metric: Metric) -> list[list[float]]:

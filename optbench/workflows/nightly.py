@@ -35,7 +35,7 @@ from optbench.job.devices import device_kind, resolve_device
 from optbench.records import exits, nvidia
 from optbench.records.benchjson import read_benchmark_records
 from optbench.records.record import FAILURES, read_records
-from optbench.report import compare
+from optbench.report import compare, compare_table
 
 SWEEP_FILE = "sweep.jsonl"
 BENCHMARK_FILE = "benchmarks.json"
@@ -241,7 +241,7 @@ def _compare_with_baseline(night: Night) -> None:
                                "point --baseline at a folder for this preset and device") from None
         if config.strict_env and comparison.env_differences:
             raise NightlyError(f"--strict-env: the baseline ran elsewhere: {'; '.join(comparison.env_differences)}")
-        night.sections.append((title, compare.render_markdown(comparison)))
+        night.sections.append((title, compare_table.render_markdown(comparison)))
         night.regressions += [f"{title.lower()}: {line}" for line in comparison.regressions]
 
 
