@@ -94,10 +94,13 @@ class Adjustment:
     covariate_ratio: float
     covariate_low: float
     covariate_high: float
-    applied: bool
     slope: float | None = None
     residual_sd: float | None = None
     unadjusted: tuple[float, float | None, float | None] | None = None  # ratio, low, high
+
+    @property
+    def applied(self) -> bool:
+        return self.unadjusted is not None
 
 
 @dataclass(frozen=True)
@@ -140,7 +143,7 @@ def adjusted(base: Sequence[tuple[float, float]], new: Sequence[tuple[float, flo
     moved = change([x for _, x in base], [x for _, x in new])
     if moved.low is None or moved.high is None:
         return unadjusted
-    found = Adjustment(covariate, moved.ratio, moved.low, moved.high, applied=False)
+    found = Adjustment(covariate, moved.ratio, moved.low, moved.high)
     logs = np.log(np.asarray([*base, *new], dtype=float))
     design = np.column_stack([np.ones(len(logs)), np.r_[np.zeros(len(base)), np.ones(len(new))], logs[:, 1]])
     if not moved.low <= 1 <= moved.high or np.linalg.matrix_rank(design) < 3:
@@ -152,7 +155,7 @@ def adjusted(base: Sequence[tuple[float, float]], new: Sequence[tuple[float, flo
     half = float(_scipy_stats.t.ppf(0.5 + CONFIDENCE / 2, df)) * residual_sd * math.sqrt(
         float(np.linalg.inv(design.T @ design)[1, 1]))
     diff = float(coefficients[1])
-    found = dataclasses.replace(found, applied=True, slope=float(coefficients[2]), residual_sd=residual_sd,
+    found = dataclasses.replace(found, slope=float(coefficients[2]), residual_sd=residual_sd,
                                 unadjusted=(unadjusted.ratio, unadjusted.low, unadjusted.high))
     return dataclasses.replace(unadjusted, ratio=math.exp(diff), low=math.exp(diff - half),
                                high=math.exp(diff + half), basis=ADJUSTED, adjustment=found)
@@ -165,7 +168,7 @@ def describe(found: Adjustment | None) -> str | None:
     name = metrics.BY_COLUMN[found.covariate].name()
     moved = (f"{100 * (found.covariate_ratio - 1):+.1f} %, CI {100 * (found.covariate_low - 1):+.1f} … "
              f"{100 * (found.covariate_high - 1):+.1f}")
-    if not found.applied or found.unadjusted is None:
+    if found.unadjusted is None:
         return f"not adjusted: the {name} moved too ({moved})"
     ratio, low, high = (100 * (v - 1) if v is not None else math.nan for v in found.unadjusted)
     return (f"adjusted for the {name} (slope {found.slope:.2f}, between-run ±{100 * (found.residual_sd or 0):.1f} % "
