@@ -872,7 +872,8 @@ def gate_campaign_said(relative: str, optimizer: str = "adamw") -> str:
     found = campaign.outcomes(RESULTS / relative)
     said = [f"{kind}: {o.within_tolerance(unadjusted=True)} of {o.compared} within ±{campaign.TOLERANCE_PTS:g} "
             f"points of {o.injected_pct:+g} % (median {statistics.median(o.unadjusted_changes):+.1f} %), "
-            f"{o.unadjusted_flagged} flagged; adjusted for each process's speed, {o.within_tolerance()} of "
+            f"{o.unadjusted_flagged} flagged; adjusted for each process's speed (applied in {o.adjusted} of "
+            f"{o.compared}), {o.within_tolerance()} of "
             f"{o.compared} (median {statistics.median(o.changes):+.1f} %), {o.flagged} flagged"
             for kind, per in found.items() if (o := per.get(optimizer))]
     if not said:
@@ -1084,6 +1085,10 @@ VALUES: dict[str, Callable[[], str]] = {
                                                                      "adafactor"),
     "gate.trials-6-adafactor-one-thread-spread": lambda: campaign_process_spread(
         "gate-campaign-trials-6-adafactor-one-thread"),
+    "gate.trials-6-adafactor-adjusted": lambda: gate_campaign_said("gate-campaign-trials-6-adafactor-adjusted",
+                                                                   "adafactor"),
+    "gate.trials-6-adafactor-adjusted-spread": lambda: campaign_process_spread(
+        "gate-campaign-trials-6-adafactor-adjusted"),
     "probe.sleep": lambda: slowdown_probe("sleep"),
     "probe.spin": lambda: slowdown_probe("spin"),
     "probe.padding": lambda: probe("padding"),

@@ -145,7 +145,8 @@ def _time_change(metric: Metric, base_trials: pd.DataFrame | None, new_trials: p
     return Change(100 * (found.ratio - 1), pct[0], pct[1], found.basis if pct[0] is not None else "threshold",
                   runs=f"{found.runs[0]}+{found.runs[1]}", between_run=percent[0], within_run=percent[1],
                   adjustment=noise.describe(found.adjustment),
-                  unadjusted=None if before is None else tuple(None if v is None else 100 * (v - 1) for v in before))
+                  unadjusted=None if before is None else tuple(
+                      None if v is None else 100 * (v - 1) for v in (before.ratio, before.low, before.high)))
 
 
 def measure_change(metric: Metric, before: float | None, after: float | None, base_trials: pd.DataFrame | None,

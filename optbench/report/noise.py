@@ -86,17 +86,15 @@ ADJUSTED = "between-run, adjusted"
 
 @dataclass(frozen=True)
 class Adjustment:
-    """What the covariance analysis found: the covariate's own NEW / BASE ratio and interval, and — where it did
-    not move, so the adjustment `applied` — the slope of log metric on log covariate, the spread between
-    processes left after it, and the unadjusted change it replaced."""
+    """What the covariance analysis found: the covariate's own change and — where it did not move, so the
+    adjustment `applied` — the slope of log metric on log covariate, the spread between processes left after it,
+    and the unadjusted change it replaced."""
 
     covariate: str  # the covariate's column
-    covariate_ratio: float
-    covariate_low: float
-    covariate_high: float
+    covariate_change: TimeChange
     slope: float | None = None
     residual_sd: float | None = None
-    unadjusted: tuple[float, float | None, float | None] | None = None  # ratio, low, high
+    unadjusted: TimeChange | None = None
 
     @property
     def applied(self) -> bool:
@@ -143,7 +141,7 @@ def adjusted(base: Sequence[tuple[float, float]], new: Sequence[tuple[float, flo
     moved = change([x for _, x in base], [x for _, x in new])
     if moved.low is None or moved.high is None:
         return unadjusted
-    found = Adjustment(covariate, moved.ratio, moved.low, moved.high)
+    found = Adjustment(covariate, moved)
     logs = np.log(np.asarray([*base, *new], dtype=float))
     design = np.column_stack([np.ones(len(logs)), np.r_[np.zeros(len(base)), np.ones(len(new))], logs[:, 1]])
     if not moved.low <= 1 <= moved.high or np.linalg.matrix_rank(design) < 3:
@@ -156,7 +154,7 @@ def adjusted(base: Sequence[tuple[float, float]], new: Sequence[tuple[float, flo
         float(np.linalg.inv(design.T @ design)[1, 1]))
     diff = float(coefficients[1])
     found = dataclasses.replace(found, slope=float(coefficients[2]), residual_sd=residual_sd,
-                                unadjusted=(unadjusted.ratio, unadjusted.low, unadjusted.high))
+                                unadjusted=unadjusted)
     return dataclasses.replace(unadjusted, ratio=math.exp(diff), low=math.exp(diff - half),
                                high=math.exp(diff + half), basis=ADJUSTED, adjustment=found)
 
@@ -166,13 +164,17 @@ def describe(found: Adjustment | None) -> str | None:
     if found is None:
         return None
     name = metrics.BY_COLUMN[found.covariate].name()
-    moved = (f"{100 * (found.covariate_ratio - 1):+.1f} %, CI {100 * (found.covariate_low - 1):+.1f} … "
-             f"{100 * (found.covariate_high - 1):+.1f}")
+    moved = _percent(found.covariate_change)
     if found.unadjusted is None:
         return f"not adjusted: the {name} moved too ({moved})"
-    ratio, low, high = (100 * (v - 1) if v is not None else math.nan for v in found.unadjusted)
     return (f"adjusted for the {name} (slope {found.slope:.2f}, between-run ±{100 * (found.residual_sd or 0):.1f} % "
-            f"left; unadjusted {ratio:+.1f} %, CI {low:+.1f} … {high:+.1f})")
+            f"left; unadjusted {_percent(found.unadjusted)})")
+
+
+def _percent(found: TimeChange) -> str:
+    """A change and its interval in %, as a cell writes them."""
+    low, high = (100 * (v - 1) if v is not None else math.nan for v in (found.low, found.high))
+    return f"{100 * (found.ratio - 1):+.1f} %, CI {low:+.1f} … {high:+.1f}"
 
 
 def time_change(metric: Metric, base_trials: Any, new_trials: Any, history: Spread = NO_HISTORY) -> TimeChange | None:
