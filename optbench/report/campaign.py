@@ -19,7 +19,7 @@ from pathlib import Path
 
 from optbench.records import exits
 from optbench.records.record import read_records
-from optbench.report import compare
+from optbench.report import compare, metrics
 
 # The campaign's gate: the optimizer step's interval must lie wholly past +10 %. The CPU default (25 %) was set for
 # the old within-run interval; +20 % could never be flagged under it.
@@ -89,16 +89,18 @@ def outcomes(root: Path) -> dict[str, dict[str, Outcome]]:
                 if delta is None or delta != delta:
                     continue
                 outcome = per_optimizer.setdefault(row.optimizer, Outcome(injected))
+                flagged = "optimizer step" in str(row.regression)
                 outcome.compared += 1
-                outcome.flagged += "optimizer step" in str(row.regression)
+                outcome.flagged += flagged
                 outcome.changes.append(float(delta))
                 before = getattr(row, f"{METRIC}_unadjusted")
-                if isinstance(before, tuple):
+                if isinstance(before, tuple):  # the gate's own rule, on the change the adjustment replaced
                     outcome.adjusted += 1
-                    outcome.unadjusted_flagged += before[1] is not None and before[1] > CAMPAIGN_LIMITS.max_slowdown_pct
+                    outcome.unadjusted_flagged += compare.crossed(
+                        metrics.BY_COLUMN[METRIC], compare.Change(*before), CAMPAIGN_LIMITS) is not None
                     outcome.unadjusted_changes.append(float(before[0]))
                 else:
-                    outcome.unadjusted_flagged += "optimizer step" in str(row.regression)
+                    outcome.unadjusted_flagged += flagged
                     outcome.unadjusted_changes.append(float(delta))
     return found
 

@@ -139,14 +139,19 @@ def _time_change(metric: Metric, base_trials: pd.DataFrame | None, new_trials: p
     found = noise.time_change(metric, base_trials, new_trials, history)
     if found is None:
         return None
-    pct = [None if v is None else 100 * (v - 1) for v in (found.low, found.high)]
+    ratio, low, high = _percent_change(found)
     percent = [None if v is None else 100 * v for v in (found.between_run, found.within_run)]
     before = found.adjustment.unadjusted if found.adjustment else None
-    return Change(100 * (found.ratio - 1), pct[0], pct[1], found.basis if pct[0] is not None else "threshold",
+    return Change(ratio, low, high, found.basis if low is not None else "threshold",
                   runs=f"{found.runs[0]}+{found.runs[1]}", between_run=percent[0], within_run=percent[1],
                   adjustment=noise.describe(found.adjustment),
-                  unadjusted=None if before is None else tuple(
-                      None if v is None else 100 * (v - 1) for v in (before.ratio, before.low, before.high)))
+                  unadjusted=None if before is None else _percent_change(before))
+
+
+def _percent_change(found: noise.TimeChange) -> tuple[float, float | None, float | None]:
+    """A time change's ratio and interval as changes in %."""
+    low, high = (None if v is None else 100 * (v - 1) for v in (found.low, found.high))
+    return 100 * (found.ratio - 1), low, high
 
 
 def measure_change(metric: Metric, before: float | None, after: float | None, base_trials: pd.DataFrame | None,
